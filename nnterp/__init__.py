@@ -1,0 +1,31 @@
+"""nnterp: read and patch what recurrent and hybrid language models carry forward.
+
+``StandardizedTransformer`` gives every supported family one interface
+(``model.layers[i].linear_attn`` / ``.self_attn`` / ``.mlp``,
+``layer_output``, ``next_token_probs``, ``model.support()``); the recurrent
+mixers serve their state entering and leaving a call, after every token, and
+writable mid-prompt and on every step of ``generate``.
+"""
+
+from .components.recurrent import RecurrentMixer
+from .components.routing import route_delta_rule, route_kernels
+from .core.errors import NnterpError, NotInTrace, OrderError, ReadOnlyValue, RoutingError, Unavailable, UnsupportedModel
+from .standardized import StandardizedTransformer
+from . import families
+
+__all__ = [
+    "StandardizedTransformer",
+    "RecurrentMixer",
+    "route_kernels",
+    "route_delta_rule",
+    "families",
+    "NnterpError",
+    "NotInTrace",
+    "OrderError",
+    "ReadOnlyValue",
+    "RoutingError",
+    "Unavailable",
+    "UnsupportedModel",
+]
+
+__version__ = "0.1.0"

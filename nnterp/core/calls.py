@@ -1,0 +1,95 @@
+"""Per-call machinery: which call of a module a worker's request is in.
+
+A worker (the greenlet running a block of intervention code) reads values in
+the order the model reaches them. Several values of one module call depend on
+something the model serves once per call (the kernel a recurrent mixer's
+forward branches to, the call's length, the cached state entering it), so it
+is computed once per call and remembered: `per_call`.
+
+Which call that is comes from two facts nnsight keeps. A read pinned by
+``tracer.iter`` to step ``k`` is served at the ``k``-th occurrence of its
+location, so it is in call ``k``. Relaxed (after a pinned read), on step 0 or
+outside ``tracer.iter`` there is no pin, and the call is how many times the
+module's ``.output`` has been passed, which nnsight counts for every location
+whether or not anything read it: inside call ``c`` that many have returned,
+and between calls it names the one about to start.
+
+The records live on the worker greenlet. Every run of every invoke has its
+own worker, so two invokes reading one mixer never share a record, a record
+never outlives its run, and its tensors are freed with the worker.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
+
+from greenlet import getcurrent
+
+from .errors import NotInTrace
+
+#: Attribute of the worker greenlet holding its per-call records.
+RECORDS = "_nnterp_calls"
+
+
+def mediator(what: str = "a value") -> Any:
+    """The running worker's mediator, or `NotInTrace` naming ``what``."""
+    ref = getattr(getcurrent(), "mediator", None)
+    found = ref() if ref is not None else None
+    if found is None:
+        raise NotInTrace(
+            f"{what} is served while the model runs: read or write it inside "
+            "`with model.trace(...)` or `with model.generate(...)`, and `.save()` "
+            "what you need after the block"
+        )
+    return found
+
+
+def in_trace() -> bool:
+    """Whether this code runs inside a worker (a trace or generate block)."""
+    ref = getattr(getcurrent(), "mediator", None)
+    return ref is not None and ref() is not None
+
+
+def current_call(envoy: Any) -> int:
+    """The call of ``envoy``'s module the next read of this worker lands in."""
+    med = mediator(envoy.path)
+    return med.iteration or med.occurrence(f"{envoy.path}.output")
+
+
+def per_call(envoy: Any, key: str, compute: Callable[[], Any]) -> Any:
+    """``compute()`` once per call of ``envoy``'s module, remembered under ``key``.
+
+    The record is kept until the worker is in another call of the module; the
+    call is decided before ``compute`` runs, since computing it reads the model
+    and relaxes a ``tracer.iter`` pin.
+    """
+    call = current_call(envoy)
+    records = getcurrent().__dict__.setdefault(RECORDS, {})
+    record = records.get((envoy.path, key))
+    if record is not None and record[0] == call:
+        return record[1]
+    value = compute()
+    records[(envoy.path, key)] = (call, value)
+    return value
+
+
+def forget(envoy: Any, key: str) -> None:
+    """Drop the record ``per_call`` keeps for ``(envoy, key)`` on this worker."""
+    getcurrent().__dict__.get(RECORDS, {}).pop((envoy.path, key), None)
+
+
+@contextmanager
+def pinned(n: Optional[int]) -> Iterator[None]:
+    """Pin this worker's reads to occurrence ``n`` of their location, as ``tracer.iter[n]`` does.
+
+    ``None`` relaxes the pin. A pinned read relaxes it (for ``n > 0``), so a
+    ``with`` holds one read; the pin the worker had is restored on the way out.
+    """
+    med = mediator("a pinned read")
+    previous = med.iteration
+    med.iteration = n
+    try:
+        yield
+    finally:
+        med.iteration = previous

@@ -1,0 +1,163 @@
+"""`StandardizedTransformer`: one interface over every supported family.
+
+    model.embed_tokens                    the token embedding
+    model.layers[i]                       a decoder block (`Layer`)
+        .layer_input / .layer_output      the residual stream entering / leaving it
+        .self_attn                        softmax attention (`Attention`), or None
+        .linear_attn                      the recurrent mixer (`RecurrentMixer`), or None
+        .mlp                              the feed-forward block, or None
+    model.ln_final                        the final norm
+    model.lm_head                         the unembedding
+    model.logits                          [batch, seq, vocab]
+    model.next_token_probs                [batch, vocab], at each row's last token
+
+It is nnsight's ``TransformersModel`` (``trace``, ``generate``,
+``tracer.iter`` behave as there), built with one component per HF module
+class, as the family (``model.family``) declares. ``model.support()`` says,
+for every value on every layer, whether it can be served now and why not.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import reduce
+from typing import Any, Optional
+
+import torch
+from nnsight import TransformersModel
+
+from .core.dims import Logits, Probs
+from .core.errors import NnterpError
+from .core.values import DerivedEProperty, EProperty
+from .families import envoys, family_for
+from .support import describe, support_table
+
+
+def _config(model: Any) -> Any:
+    from transformers import AutoConfig, PreTrainedModel
+
+    if isinstance(model, PreTrainedModel):
+        return model.config
+    if not isinstance(model, (str, os.PathLike)):
+        raise NnterpError(
+            f"StandardizedTransformer takes a hub id, a folder saved with save_pretrained, or a loaded "
+            f"PreTrainedModel; got {type(model).__name__}"
+        )
+    path = os.fspath(model)
+    if os.path.isdir(path):
+        return AutoConfig.from_pretrained(path)
+    looks_local = path.startswith((".", "/", "~")) or path.count("/") != 1  # a hub id is "owner/name"
+    try:
+        return AutoConfig.from_pretrained(path)
+    except Exception as error:
+        where = "no folder exists at that path" if looks_local else "the hub could not serve it"
+        raise NnterpError(
+            f"could not load {path!r}: {where} ({type(error).__name__}: {error}). Pass a folder saved with "
+            "save_pretrained, a hub id this machine can reach, or a loaded model with tokenizer="
+        ) from error
+
+
+class _Part:
+    """A standard part at the path the family names (``family.LM_HEAD``, ...).
+
+    A non-data descriptor: where HF's own child has the same name (``lm_head``)
+    nnsight mounts that envoy on the instance, and it is the same module.
+    """
+
+    def __init__(self, attribute: str, doc: str) -> None:
+        self.attribute = attribute
+        self.__doc__ = doc
+
+    def __get__(self, model: Any, owner: Any = None) -> Any:
+        if model is None:
+            return self
+        return model._at(getattr(model._family, self.attribute))
+
+
+class StandardizedTransformer(TransformersModel):
+    """A causal language model under standard names (see the module docstring).
+
+    Args:
+        model: a hub id, a local folder saved with ``save_pretrained``, or a
+            loaded ``PreTrainedModel`` (then pass ``tokenizer=``).
+        dispatch: load the weights now (``True``) or at the first trace.
+        device: where to put the weights (``"cpu"``, ``"cuda:0"``, ...).
+        tokenizer: a tokenizer to use instead of the checkpoint's own.
+        **kwargs: passed to ``from_pretrained`` through nnsight.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        dispatch: bool = False,
+        device: Optional[str] = None,
+        tokenizer: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        from transformers import AutoTokenizer, PreTrainedModel
+
+        config = _config(model)
+        family = family_for(config)
+        if tokenizer is None:
+            if isinstance(model, PreTrainedModel):
+                raise NnterpError("a loaded model comes without its tokenizer: pass tokenizer=AutoTokenizer.from_pretrained(...)")
+            # nnsight cannot guess a local folder's tokenizer on its lazy path (transformers 5
+            # names the pipeline class as a string), so load it here for every source.
+            tokenizer = AutoTokenizer.from_pretrained(os.fspath(model))
+        if device is not None and not isinstance(model, PreTrainedModel):
+            kwargs.setdefault("device_map", device)
+        object.__setattr__(self, "_family", family)
+        super().__init__(model, task="text-generation", tokenizer=tokenizer, dispatch=dispatch, envoys=envoys(family), **kwargs)
+        if device is not None and isinstance(model, PreTrainedModel):
+            self._module.to(device)
+
+    @property
+    def family(self) -> Any:
+        """The family module (``nnterp.families.<model_type>``); ``family.MODELING`` is the transformers module it wraps."""
+        return self._family
+
+    def _at(self, path: str) -> Any:
+        return reduce(getattr, path.split("."), self)
+
+    @property
+    def layers(self) -> Any:
+        """The decoder blocks: indexable, ``len()``-able, iterable."""
+        from .components.layer import Layers
+
+        return Layers(list(self._at(self._family.LAYERS)))
+
+    embed_tokens = _Part("EMBED_TOKENS", "the token embedding")
+    ln_final = _Part("LN_FINAL", "the final norm")
+    lm_head = _Part("LM_HEAD", "the unembedding")
+
+    logits = EProperty(
+        lambda model: f"{model._family.LM_HEAD}.output",
+        description="the unembedding's output, [batch, seq, vocab]",
+        annotation=Logits,
+    )
+
+    def _next_token_probs(self) -> Probs:
+        # nnsight left-pads a batch, so the last position is every row's last real token.
+        return torch.softmax(self.logits[:, -1].float(), dim=-1)
+
+    next_token_probs = DerivedEProperty(
+        _next_token_probs,
+        description="softmax over the vocabulary at each row's last token, [batch, vocab]",
+        annotation=Probs,
+    )
+
+    def support(self) -> dict:
+        """Every declared value, per layer: ``None`` where every layer serves it, else the reason per layer.
+
+        Keyed ``"<component>.<value>"`` (``"linear_attn.states"``). A value's
+        entry is ``None`` when every layer that has its component serves it;
+        otherwise a list indexed by layer when every layer has the component,
+        or a dict keyed by layer index when only some do (a hybrid), each
+        entry ``None`` or a sentence saying why and what to do. Computed now,
+        from the live state of the process (routing, installed kernels).
+        """
+        return support_table(self)
+
+    def __repr__(self) -> str:
+        return describe(self)

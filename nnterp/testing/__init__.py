@@ -1,0 +1,16 @@
+"""Offline fixtures: a tiny tokenizer and tiny saved checkpoints per family.
+
+Mental model: everything a test needs to load a model "like a user would"
+(``AutoModelForCausalLM.from_pretrained(path)``) is fabricated locally and
+deterministically, then cached on disk, so the test suite never needs the
+network and builds each checkpoint once.
+
+    >>> from nnterp.testing import tiny_checkpoint
+    >>> path = tiny_checkpoint("qwen3_5_text")          # doctest: +SKIP
+    >>> model = AutoModelForCausalLM.from_pretrained(path)  # doctest: +SKIP
+"""
+
+from nnterp.testing.checkpoints import BUILD_VERSION, MODEL_TYPES, default_cache_dir, tiny_checkpoint, tiny_config
+from nnterp.testing.tokenizer import tiny_tokenizer
+
+__all__ = ["BUILD_VERSION", "MODEL_TYPES", "default_cache_dir", "tiny_checkpoint", "tiny_config", "tiny_tokenizer"]
