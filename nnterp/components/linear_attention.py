@@ -105,8 +105,20 @@ class LinearAttention(RecurrentMixer):
     conv_state_input = conv_state_input()
     conv_state_output = conv_state_output()
 
+    def dims(self) -> dict[str, int]:
+        module = self._module
+        return {
+            "key_heads": module.num_k_heads,
+            "mixer_heads": module.num_v_heads,
+            "key_dim": module.head_k_dim,
+            "value_dim": module.head_v_dim,
+            "conv_channels": module.conv_dim,
+            "conv_width": module.conv_kernel_size,
+        }
+
     def _kernel_arguments(self) -> tuple:
-        return self.source and getattr(self.source, type(self).KERNEL(self)).inputs
+        """This call's kernel ``(args, kwargs)``."""
+        return getattr(self.source, type(self).KERNEL(self)).inputs
 
     def _state_shape(self, args: tuple, kwargs: dict) -> tuple:
         key, value = args[1], args[2]

@@ -33,6 +33,14 @@ class Standard(Envoy):
                     found[name] = attr
         return found
 
+    def dims(self) -> dict[str, int]:
+        """Sizes of this component's own dimensions (`nnterp.core.dims` names), from its module.
+
+        The shapes its values are documented with are these names plus
+        ``batch``, ``seq`` and ``hidden``.
+        """
+        return {}
+
     def support(self) -> dict[str, Optional[str]]:
         """``{value: None or the reason it is unavailable}`` for this instance, now."""
         return {name: value.reason(self) for name, value in self.values().items()}

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import transformers
 from torch import nn
-from transformers import AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoModelForCausalLM, PreTrainedConfig
 
 from nnterp.testing.tokenizer import publish_dir, tiny_tokenizer, tokenizer_fingerprint
 
@@ -98,7 +98,7 @@ def _moe_kwargs() -> dict:
     return dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
 
 
-def _build_config(model_type: str) -> PretrainedConfig:
+def _build_config(model_type: str) -> PreTrainedConfig:
     t = transformers
     if model_type == "qwen3_5_text":
         return t.Qwen3_5TextConfig(**_qwen3_5_text_kwargs())
@@ -187,7 +187,7 @@ def _build_config(model_type: str) -> PretrainedConfig:
     raise ValueError(f"unknown model_type {model_type!r}; supported: {', '.join(MODEL_TYPES)}")
 
 
-def tiny_config(model_type: str) -> PretrainedConfig:
+def tiny_config(model_type: str) -> PreTrainedConfig:
     """A fresh tiny config of ``model_type`` (one of :data:`MODEL_TYPES`).
 
     Sizes are the smallest that still exercise each family's structure:
@@ -205,7 +205,7 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "nnterp" / "tiny"
 
 
-def _fingerprint(config: PretrainedConfig) -> str:
+def _fingerprint(config: PreTrainedConfig) -> str:
     payload = json.dumps(
         {
             "config": config.to_dict(),
@@ -245,7 +245,7 @@ def _sharpen(model: nn.Module, generator: torch.Generator) -> None:
             p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float32).to(p.dtype) * std)
 
 
-def _build_model(config: PretrainedConfig) -> nn.Module:
+def _build_model(config: PreTrainedConfig) -> nn.Module:
     # fork_rng: building a fixture must not perturb the caller's random stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)

@@ -1,0 +1,49 @@
+"""Fixtures: tiny checkpoints built offline (`nnterp.testing`), loaded the way a user loads them.
+
+Routing is process-wide, so every test leaves each family's kernels bound as
+transformers bound them at import; the autouse fixture checks it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nnterp import StandardizedTransformer
+from nnterp.components.routing import STASH
+from nnterp.families import FAMILIES
+from nnterp.testing import tiny_checkpoint
+
+torch.set_num_threads(1)  # the CI machine has two cores; one per process keeps timings sane
+
+
+@pytest.fixture(scope="session")
+def checkpoint():
+    """``checkpoint(model_type) -> path`` of a tiny saved model."""
+    return tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def load():
+    """``load(model_type) -> StandardizedTransformer``, loaded with weights, cached per module."""
+    cache: dict = {}
+
+    def get(model_type: str, fresh: bool = False) -> StandardizedTransformer:
+        if fresh or model_type not in cache:
+            cache[model_type] = StandardizedTransformer(str(tiny_checkpoint(model_type)), dispatch=True, device="cpu")
+        return cache[model_type]
+
+    return get
+
+
+@pytest.fixture(autouse=True)
+def default_kernels():
+    """Every family's kernels are bound as at import after each test."""
+    yield
+    for family in FAMILIES:
+        stash = family.MODELING.__dict__.get(STASH, {})
+        for name, original in stash.items():
+            bound = family.MODELING.__dict__[name]
+            if bound is not original:
+                setattr(family.MODELING, name, original)
+                pytest.fail(f"{family.__name__}.{name} was left routed by the test")
