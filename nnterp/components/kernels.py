@@ -108,6 +108,11 @@ def state_label(kernel: Callable, variable: str, *, in_loop: bool) -> str:
     after each token's update, once per token); otherwise the last binding
     outside any loop (a single-step update).
     """
+    return bindings(kernel, variable, in_loop=in_loop)[-1]
+
+
+def bindings(kernel: Callable, variable: str, *, in_loop: bool) -> list[str]:
+    """The labels of the bindings of ``variable`` in ``kernel``, in execution order, inside its loop or outside."""
     fn = torch_function(kernel)
     info = compiled(fn)
     tree = ast.parse(info.source)
@@ -123,7 +128,7 @@ def state_label(kernel: Callable, variable: str, *, in_loop: bool) -> str:
     if not found:
         where = "inside its token loop" if in_loop else "outside any loop"
         raise NnterpError(_missing(f"a binding of `{variable}` {where}", fn))
-    return found[-1]
+    return found
 
 
 def _assigns(tree: ast.AST, line: int, variable: str) -> bool:

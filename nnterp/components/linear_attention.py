@@ -46,6 +46,8 @@ from ..core.dims import ConvState, Gates, Queries, State, Values
 from ..core.errors import NnterpError
 from ..core.values import DerivedEProperty, EProperty, check_expected, check_tensor
 from .conv import conv_state_input, conv_state_output
+from . import kernels
+from ..core.calls import pinned
 from .recurrent import RecurrentMixer, needs_torch_kernels
 
 
@@ -77,6 +79,11 @@ class LinearAttention(RecurrentMixer):
     CHUNK_FUNCTION = "torch_chunk_gated_delta_rule"
     RECURRENT_FUNCTION = "torch_recurrent_gated_delta_rule"
     STATE_VARIABLE = "last_recurrent_state"
+    #: Inside the token loop: the variable holding a token's decay factor, and
+    #: the binding of the state after the decay, before the token's write.
+    DECAY_VARIABLE = "decay_t"
+    DECAY_OP: str = ""
+    PRE_STATE_OP: str = ""
     #: The kernel keyword carrying the entering state.
     INITIAL_STATE = "initial_state"
 
@@ -119,6 +126,25 @@ class LinearAttention(RecurrentMixer):
     def _kernel_arguments(self) -> tuple:
         """This call's kernel ``(args, kwargs)``."""
         return getattr(self.source, type(self).KERNEL(self)).inputs
+
+    @classmethod
+    def resolve(cls, hf_mixer: type) -> None:
+        super().resolve(hf_mixer)
+        loop = cls.loop_function(kernels.modeling_of(hf_mixer))
+        cls.DECAY_OP = kernels.state_label(loop, cls.DECAY_VARIABLE, in_loop=True)
+        cls.PRE_STATE_OP = kernels.bindings(loop, cls.STATE_VARIABLE, in_loop=True)[-2]
+
+    def _continue_from(self, record: Any, position: int, value: torch.Tensor, what: str) -> None:
+        # Token t+1 starts with S_t · α_{t+1} (the decay, before its write): put
+        # value there, so token t's own readout keeps the state it computed.
+        cls = type(self)
+        decay_op, pre = getattr(record.source, cls.DECAY_OP), getattr(record.source, cls.PRE_STATE_OP)
+        occurrence = record.first + position + 1
+        self._visit(record, position + 1, what, op=decay_op)
+        with pinned(occurrence):
+            decay = decay_op.output
+        with pinned(occurrence):
+            pre.output = value * decay
 
     def _state_shape(self, args: tuple, kwargs: dict) -> tuple:
         key, value = args[1], args[2]

@@ -34,7 +34,9 @@ from ..core.calls import mediator, per_call, pinned
 from ..core.dims import State, States
 from ..core.errors import NnterpError, OrderError, Unavailable
 from ..core.standard import Standard
-from ..core.values import DerivedEProperty, EProperty, Key, check_expected
+from nnsight.intervention.interleaver import Mediator
+
+from ..core.values import DerivedEProperty, EProperty, Key, check_expected, replace_in
 from . import kernels
 from .attention import unwrapped_output
 from .routing import route_delta_rule, route_kernels  # noqa: F401  (documented here)
@@ -43,13 +45,14 @@ from .routing import route_delta_rule, route_kernels  # noqa: F401  (documented 
 class TokenOp:
     """`RecurrentMixer._token_op`'s record for one call: where the per-token state is, and what was read."""
 
-    __slots__ = ("op", "first", "seq", "kernel", "output_at", "expected", "furthest")
+    __slots__ = ("op", "first", "seq", "kernel", "source", "output_at", "expected", "furthest", "written")
 
-    def __init__(self, op: Any, first: int, seq: int, kernel: Any, output_at: int, expected: tuple) -> None:
-        self.op, self.first, self.seq, self.kernel = op, first, seq, kernel
+    def __init__(self, op: Any, first: int, seq: int, kernel: Any, source: Any, output_at: int, expected: tuple) -> None:
+        self.op, self.first, self.seq, self.kernel, self.source = op, first, seq, kernel, source
         self.output_at = output_at
         self.expected = expected
         self.furthest: Optional[tuple[int, str]] = None
+        self.written: dict[int, torch.Tensor] = {}
 
     def __iter__(self):
         return iter((self.op, self.first, self.seq))
@@ -75,7 +78,8 @@ def needs_recurrent_routing(envoy: Any) -> Optional[str]:
     if reason is not None:
         return reason
     modeling = kernels.modeling_of(envoy._module)
-    if modeling.__dict__.get(cls.CHUNK_FUNCTION) is not cls.loop_function(modeling):
+    # Through the dispatcher or bound bare, what counts is the body a prompt runs (Mamba-1: the loop already).
+    if kernels.torch_function(modeling.__dict__.get(cls.CHUNK_FUNCTION)) is not cls.loop_function(modeling):
         return (
             "the state after each token is materialized only by the token-by-token kernel; the chunked kernel a "
             "prompt runs through carries it between chunks. Call nnterp.route_kernels(model.family, 'torch') "
@@ -244,11 +248,13 @@ class RecurrentMixer(Standard):
             op = getattr(self.source, kernel)
             med = mediator()
             if med.occurrence(f"{op.path}.input") > self._call()["kernels"][kernel]:
-                raise OrderError(self._order_hint("a per-token state", "this call's kernel had already started"))
+                raise OrderError(self._order_hint("a per-token state", "this call's kernel had already run (state_output, attention_output or a later value was read first)"))
             args, kwargs = op.inputs
-            node = getattr(self._drill(op), self._state_op(kernel))
+            source = self._drill(op)
+            node = getattr(source, self._state_op(kernel))
             expected = (self._state_shape(args, kwargs), torch.float32, args[0].device)
-            return TokenOp(node, med.occurrence(f"{node.path}.output"), self._seq(args, kwargs), op, med.occurrence(f"{op.path}.output"), expected)
+            first = med.occurrence(f"{node.path}.output")
+            return TokenOp(node, first, self._seq(args, kwargs), op, source, med.occurrence(f"{op.path}.output"), expected)
 
         return per_call(self, "call", compute)
 
@@ -275,12 +281,12 @@ class RecurrentMixer(Standard):
             "`attention_output`, and a block's reads before any write to a later block"
         )
 
-    def _visit(self, record: TokenOp, position: int, what: str) -> None:
-        """Raise unless the run can still reach ``position`` of this call."""
+    def _visit(self, record: TokenOp, position: int, what: str, op: Any = None) -> None:
+        """Raise unless the run can still reach ``position`` of this call (at ``op``, the state op by default)."""
         med = mediator()
         if med.occurrence(f"{record.kernel.path}.output") > record.output_at:
             raise OrderError(self._order_hint(what, "the kernel had returned (state_output or a later value was read)"))
-        if med.occurrence(f"{record.op.path}.output") > record.first + position:
+        if med.occurrence(f"{(op or record.op).path}.output") > record.first + position:
             earlier = record.furthest[1] if record.furthest is not None else "an earlier read"
             raise OrderError(self._order_hint(what, f"{earlier} had moved the run past token {position}"))
         if record.furthest is None or position >= record.furthest[0]:
@@ -326,16 +332,24 @@ class RecurrentMixer(Standard):
         self._require("state_after")
         record = self._token_op()
         position = self._position(t, record.seq, f"state_after({t})")
+        if position in record.written:
+            return record.written[position]
         self._visit(record, position, f"state_after({t})")
         return self._pinned_state(record, position)
 
     def set_state_after(self, t: int, value: torch.Tensor) -> None:
         """Assign the state after token ``t``: the tokens after it continue from ``value``.
 
-        A write inside the call. Token ``t``'s own output reads the state after
-        its update, so it reads ``value`` too. Reads follow the forward: in the
-        same trace, read positions before ``t`` before the write and positions
-        after it afterwards; `states` (every position) only before it.
+        Token ``t`` itself is left as it was (its output read the state it
+        computed), as when a cache holding the prefix's state is replaced
+        before the rest is fed; ``state_after(t)`` then reads ``value``. On
+        the call's last token the kernel returns ``value`` as its final state,
+        which the next decode step starts from. (Assigning `state` under
+        ``tracer.iter[t]`` is the raw location: token ``t``'s readout uses it.)
+
+        Reads follow the forward: in the same trace, read positions before
+        ``t`` before the write and positions after it afterwards; `states`
+        (every position) only before it.
         """
         self._require("set_state_after")
         record = self._token_op()
@@ -343,8 +357,25 @@ class RecurrentMixer(Standard):
         what = f"set_state_after({t}, value)"
         check_expected(what, value, *record.expected)
         self._visit(record, position, what)
-        with pinned(record.first + position):
-            record.op.output = value
+        if position + 1 < record.seq:
+            self._continue_from(record, position, value, what)
+        else:
+            self._write_final(record, value)
+        record.written[position] = value
+        record.furthest = (position + 1, what)
+
+    #: Which element of the kernel's return is the final state.
+    FINAL_STATE = 1
+
+    def _continue_from(self, record: TokenOp, position: int, value: torch.Tensor, what: str) -> None:
+        """Make token ``position + 1`` of this call start from ``value`` (a mixer's own update rule)."""
+        raise NotImplementedError(f"{type(self).__name__} does not write the state inside a call")
+
+    def _write_final(self, record: TokenOp, value: torch.Tensor) -> None:
+        """Make the kernel return ``value`` as the state after its last token."""
+        location = f"{record.kernel.path}.output"
+        raw = Mediator.value(location)
+        Mediator.swap(location, replace_in(raw, type(self).FINAL_STATE, value))
 
     def _require(self, what: str) -> None:
         reason = needs_recurrent_routing(self)

@@ -187,12 +187,14 @@ def greedy(
     input_ids: torch.Tensor,
     max_new_tokens: int,
     patch: Callable[[int, object], None] | None = None,
+    suppress_tokens: tuple[int, ...] = (),
 ) -> torch.Tensor:
     """Plain greedy decoding with the cache: one prompt call, then one token per call.
 
     Args:
         input_ids: ``[B, T]``, unpadded (no attention mask is used).
         max_new_tokens: tokens to generate; no EOS stopping.
+        suppress_tokens: ids never chosen (``generate``'s ``min_new_tokens`` does this for EOS).
         patch: optional ``patch(step, cache)``, called before decode step ``step``
             (``1 .. max_new_tokens - 1``; step 1 is the first one-token call, which feeds
             the token the prompt call chose). It may overwrite states in ``cache``.
@@ -206,7 +208,10 @@ def greedy(
     out = _forward(model, ids)
     cache = output_cache(out)
     for step in range(1, max_new_tokens + 1):
-        next_ids = out.logits[:, -1].argmax(dim=-1, keepdim=True)
+        logits = out.logits[:, -1].clone()
+        # As generate's min_new_tokens does for EOS: never chosen.
+        logits[:, list(suppress_tokens)] = float("-inf")
+        next_ids = logits.argmax(dim=-1, keepdim=True)
         ids = torch.cat([ids, next_ids.to(ids.dtype)], dim=1)
         if step == max_new_tokens:
             break

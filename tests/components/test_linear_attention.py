@@ -1,0 +1,408 @@
+"""LinearAttention (gated DeltaNet) against oracles that do not use nnterp.
+
+The oracles: transformers' own cache after a plain forward over each prefix;
+a plain forward continued token by token from a replaced cached state; a plain
+greedy loop with a state replaced before a decode step; the gated delta rule
+written from the paper's equations (tests/reference/recurrences.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import nnterp
+from nnterp import NnterpError, OrderError, RoutingError, Unavailable
+from nnterp.components.routing import STASH
+from tests.reference import hf_oracles as hf
+from tests.reference.recurrences import gated_delta_rule
+
+PROMPT = "The Eiffel Tower is in the city of"
+OTHER = "My favourite food is pizza with"
+NEW = 4
+
+
+@pytest.fixture(scope="module")
+def model(load):
+    return load("qwen3_5_text")
+
+
+@pytest.fixture(scope="module")
+def plain(checkpoint):
+    return AutoModelForCausalLM.from_pretrained(checkpoint("qwen3_5_text")).eval()
+
+
+@pytest.fixture(scope="module")
+def ids(model):
+    return model.tokenizer(PROMPT, return_tensors="pt").input_ids
+
+
+@pytest.fixture
+def routed(model):
+    with nnterp.route_kernels(model.family, "torch"):
+        yield model
+
+
+def linear_layers(model):
+    return [i for i, layer in enumerate(model.layers) if layer.linear_attn is not None]
+
+
+def greedy(plain, ids, new, patch=None):
+    """The plain greedy loop, never choosing EOS (generate is run with min_new_tokens)."""
+    return hf.greedy(plain, ids, new, patch=patch, suppress_tokens=(plain.config.eos_token_id,))
+
+
+def donor_state(model, layer, scale=3.0, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    mix = model.layers[layer].linear_attn
+    shape = (1, mix._module.num_v_heads, mix._module.head_k_dim, mix._module.head_v_dim)
+    return scale * torch.randn(shape, generator=generator)
+
+
+# -- the state after every token --------------------------------------------------
+
+
+@pytest.mark.parametrize("layer", [0, 2])
+def test_states_equal_the_cache_after_each_prefix(routed, plain, ids, layer):
+    mix = routed.layers[layer].linear_attn
+    with torch.no_grad(), routed.trace(ids):
+        states = mix.states.save()
+        final = mix.state_output.save()
+    expected = hf.prefix_states(plain, ids, layer)
+    torch.testing.assert_close(states, expected, rtol=1e-5, atol=1e-6, msg="states vs HF cache per prefix")
+    assert torch.equal(states[:, -1], final)
+
+
+def test_states_of_a_left_padded_batch_are_each_prompts(routed, plain):
+    mix = routed.layers[1].linear_attn
+    with torch.no_grad(), routed.trace([PROMPT, OTHER]):
+        states = mix.states.save()
+    rows = [routed.tokenizer(p, return_tensors="pt").input_ids for p in (PROMPT, OTHER)]
+    width = states.shape[1]
+    for row, row_ids in enumerate(rows):
+        pad = width - row_ids.shape[1]
+        expected = hf.prefix_states(plain, row_ids, 1)[0]
+        torch.testing.assert_close(states[row, pad:], expected, rtol=1e-4, atol=1e-5, msg=f"row {row}")
+        assert torch.count_nonzero(states[row, :pad]) == 0, "a padding position carries no state"
+    assert width - rows[1].shape[1] > 0, "the second prompt is the padded one"
+
+
+def test_kernel_arguments_reproduce_states_through_the_paper_recurrence(routed):
+    mix = routed.layers[0].linear_attn
+    with torch.no_grad(), routed.trace(PROMPT):
+        q, k, v = mix.attention_queries.save(), mix.attention_keys.save(), mix.attention_values.save()
+        beta, g = mix.betas.save(), mix.decays.save()
+        states = mix.states.save()
+        out = mix.source.torch_chunk_gated_delta_rule_0.output[0].save()
+    outputs, expected = gated_delta_rule(q, k, v, g, beta)
+    torch.testing.assert_close(states, expected, rtol=1e-4, atol=1e-5, msg="states")
+    torch.testing.assert_close(out, outputs, rtol=1e-4, atol=1e-5, msg="kernel output")
+    assert (g <= 0).all() and ((beta > 0) & (beta < 1)).all()
+
+
+def test_state_iterates_over_tokens_with_tracer_iter(routed, ids):
+    mix = routed.layers[0].linear_attn
+    n = ids.shape[1]
+    collected = []
+    with torch.no_grad(), routed.trace(ids) as tracer:
+        for t in tracer.iter[:n]:
+            collected.append(mix.state.save())
+    with torch.no_grad(), routed.trace(ids):
+        states = mix.states.save()
+    assert len(collected) == n
+    assert torch.equal(torch.stack(collected, 1), states)
+
+
+def test_chunked_and_routed_kernels_agree_and_default_restores(model):
+    import transformers.models.qwen3_5.modeling_qwen3_5 as modeling
+
+    originals = {name: modeling.__dict__[name] for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")}
+    with torch.no_grad(), model.trace(PROMPT):
+        chunked = model.next_token_probs.save()
+    nnterp.route_delta_rule(model.family, "recurrent")
+    assert modeling.torch_chunk_gated_delta_rule is not originals["torch_chunk_gated_delta_rule"]
+    try:
+        with torch.no_grad(), model.trace(PROMPT):
+            recurrent = model.next_token_probs.save()
+    finally:
+        nnterp.route_delta_rule(model.family, "chunked")
+    for name, fn in originals.items():
+        assert modeling.__dict__[name] is fn, name
+        assert modeling.__dict__[STASH][name] is fn, name
+    torch.testing.assert_close(recurrent, chunked, rtol=0, atol=1e-5)
+
+
+def test_route_kernels_as_a_with_block_restores_the_previous_binding(model):
+    modeling = model.family.MODELING
+    before = modeling.torch_chunk_gated_delta_rule
+    with nnterp.route_kernels(model.family, "torch"):
+        routed_fn = modeling.torch_chunk_gated_delta_rule
+        with nnterp.route_kernels(model.family, "default"):
+            assert modeling.torch_chunk_gated_delta_rule is before
+        assert modeling.torch_chunk_gated_delta_rule is routed_fn
+    assert modeling.torch_chunk_gated_delta_rule is before
+
+
+def test_routing_reaches_a_mixer_already_instrumented(checkpoint):
+    model = nnterp.StandardizedTransformer(str(checkpoint("qwen3_5_text")), dispatch=True)
+    mix = model.layers[0].linear_attn
+    with torch.no_grad(), model.trace(PROMPT):
+        mix.state_output.save()  # instruments the forward over the chunked binding
+    with nnterp.route_kernels(model.family, "torch"):
+        assert model.support()["linear_attn.states"] is None
+        with torch.no_grad(), model.trace(PROMPT):
+            states = mix.states.save()
+            final = mix.state_output.save()
+    assert torch.equal(states[:, -1], final)
+
+
+def test_routing_inside_a_trace_raises(model):
+    with pytest.raises(RoutingError, match="inside a running trace"):
+        with model.trace(PROMPT):
+            nnterp.route_kernels(model.family, "torch")
+
+
+def test_unrouted_states_say_why_and_support_says_the_same(model):
+    reason = model.support()["linear_attn.states"][0]
+    assert "route_kernels(model.family, 'torch')" in reason
+    with pytest.raises(Unavailable) as raised, model.trace(PROMPT):
+        model.layers[0].linear_attn.states
+    assert raised.value.reason == reason
+    with pytest.raises(Unavailable, match="route_kernels"), model.trace(PROMPT):
+        model.layers[0].linear_attn.set_state_after(1, donor_state(model, 0))
+
+
+# -- writing the state --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("T", [0, 3, -2])
+def test_set_state_after_continues_like_a_replaced_cache(routed, plain, ids, T):
+    layer = 1
+    value = donor_state(routed, layer)
+    with torch.no_grad(), routed.trace(ids):
+        routed.layers[layer].linear_attn.set_state_after(T, value)
+        probs = routed.next_token_probs.save()
+    with torch.no_grad():
+        expected = torch.softmax(hf.continue_from_state(plain, ids, T % ids.shape[1], layer, value), -1)
+        clean = torch.softmax(plain(ids).logits[:, -1], -1)
+    torch.testing.assert_close(probs, expected, rtol=1e-4, atol=1e-6)
+    assert not torch.allclose(probs, clean, atol=1e-3), "the patch changes the prediction"
+
+
+def test_reads_bracket_a_write_in_forward_order(routed, ids):
+    mix = routed.layers[0].linear_attn
+    T = 3
+    value = donor_state(routed, 0)
+    with torch.no_grad(), routed.trace(ids):
+        clean = mix.states.save()
+    with torch.no_grad(), routed.trace(ids):
+        before = mix.state_after(T - 1).save()
+        mix.set_state_after(T, value)
+        at = mix.state_after(T).save()
+        after = mix.state_after(T + 1).save()
+    assert torch.equal(before, clean[:, T - 1])
+    assert torch.equal(at, value)
+    assert not torch.allclose(after, clean[:, T + 1])
+
+
+@pytest.mark.parametrize(
+    "first, second, message",
+    [
+        (lambda m: m.state_after(4), lambda m, v: m.set_state_after(3, v), r"set_state_after\(3, value\) was asked for after state_after\(4\)"),
+        (lambda m: m.states, lambda m, v: m.set_state_after(2, v), r"after states"),
+        (lambda m: m.state_output, lambda m, v: m.state_after(1), r"kernel had (already run|returned)"),
+    ],
+    ids=["later-read-then-write", "states-then-write", "output-then-position"],
+)
+def test_out_of_order_requests_raise(routed, ids, first, second, message):
+    mix = routed.layers[0].linear_attn
+    value = donor_state(routed, 0)
+    with pytest.raises(OrderError, match=message):
+        with routed.trace(ids):
+            first(mix)
+            second(mix, value)
+
+
+def test_bad_writes_raise_naming_what_was_expected(routed, ids):
+    mix = routed.layers[0].linear_attn
+    good = donor_state(routed, 0)
+    n = ids.shape[1]
+    cases = [
+        (lambda: mix.set_state_after(1, good[:, :2]), r"expects shape \(1, 4, 16, 8\)"),
+        (lambda: mix.set_state_after(1, good.double()), r"expects dtype torch.float32"),
+        (lambda: mix.set_state_after(n, good), rf"outside this call's {n} tokens"),
+        (lambda: mix.set_state_after(1, good.tolist()), r"takes a tensor"),
+        (lambda: setattr(mix, "state_input", good[:, :1]), r"expects shape \(1, 4, 16, 8\)"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(NnterpError, match=message), routed.trace(ids):
+            bad()
+
+
+def test_states_is_read_only(routed):
+    with pytest.raises(NnterpError, match="set_state_after"), routed.trace(PROMPT):
+        routed.layers[0].linear_attn.states = torch.zeros(1)
+
+
+# -- generate -----------------------------------------------------------------------------
+
+
+def test_seqs_and_firsts_under_generate(routed, ids):
+    mix = routed.layers[0].linear_attn
+    seqs, firsts, stacks, outs = [], [], [], []
+    with torch.no_grad(), routed.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False) as tracer:
+        for step in tracer.iter[:3]:
+            op, first, seq = mix._token_op()
+            seqs.append(seq)
+            firsts.append(first)
+            stacks.append(mix.states.save())
+            outs.append(mix.state_output.save())
+    assert seqs == [ids.shape[1], 1, 1]
+    assert firsts == [0, 0, 1]
+    assert torch.equal(stacks[2][:, 0], outs[2]) and not torch.equal(stacks[2][:, 0], outs[1])
+
+
+@pytest.mark.parametrize("first_read", ["state_output", "state_input", "states", "layer_output"])
+def test_each_step_serves_its_own_call_whatever_is_read_first(routed, plain, ids, first_read):
+    layer = 2
+    mix = routed.layers[layer].linear_attn
+    outs, ins = [], []
+    with torch.no_grad(), routed.generate(ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False) as tracer:
+        for step in tracer.iter[:NEW]:
+            if first_read == "states":
+                mix.states.save()
+            elif first_read == "state_input":
+                mix.state_input
+            if first_read == "layer_output":
+                routed.layers[layer - 1].layer_output.save()
+            outs.append(mix.state_output.save())
+            if first_read == "state_output":
+                continue
+        result = tracer.result.save()
+    seen = {}
+    greedy(plain, ids, NEW, patch=lambda step, cache: seen.__setitem__(step, hf.recurrent_state(cache, layer).clone()))
+    for step in range(1, NEW):
+        torch.testing.assert_close(outs[step - 1], seen[step], rtol=1e-5, atol=1e-6, msg=f"state after step {step - 1}")
+    assert torch.equal(result, greedy(plain, ids, NEW))
+
+
+def test_state_input_on_a_decode_step_is_the_previous_output_copied(routed, ids):
+    mix = routed.layers[0].linear_attn
+    ins, outs = [], []
+    with torch.no_grad(), routed.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False) as tracer:
+        for step in tracer.iter[:3]:
+            entering = mix.state_input
+            ins.append(entering.save() if entering is not None else None)
+            outs.append(mix.state_output.save())
+    assert ins[0] is None
+    assert torch.equal(ins[1], outs[0]) and torch.equal(ins[2], outs[1])
+    assert not torch.equal(ins[1], outs[1]), "a copy, not the cache's buffer the step overwrites"
+
+
+@pytest.mark.parametrize("step", [1, 2])
+def test_assigning_state_input_on_a_decode_step_generates_like_hf(model, plain, ids, step):
+    layers = linear_layers(model)
+    donors = {layer: donor_state(model, layer, scale=20.0, seed=layer) for layer in layers}
+    with torch.no_grad(), model.generate(ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False) as tracer:
+        for _ in tracer.iter[step]:
+            for layer in layers:
+                model.layers[layer].linear_attn.state_input = donors[layer]
+        patched = tracer.result.save()
+
+    def patch(at, cache):
+        if at == step:
+            for layer in layers:
+                hf.set_recurrent_state(cache, layer, donors[layer])
+
+    assert torch.equal(patched, greedy(plain, ids, NEW, patch=patch))
+    assert not torch.equal(patched, greedy(plain, ids, NEW)), "the patch changes the continuation"
+
+
+def test_assigning_state_output_of_the_prompt_is_what_the_first_step_continues_from(model, plain, ids):
+    layers = linear_layers(model)
+    donors = {layer: donor_state(model, layer, scale=20.0, seed=layer) for layer in layers}
+    with torch.no_grad(), model.generate(ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False) as tracer:
+        for _ in tracer.iter[0]:
+            for layer in layers:
+                model.layers[layer].linear_attn.state_output = donors[layer]
+        patched = tracer.result.save()
+
+    def patch(at, cache):
+        if at == 1:
+            for layer in layers:
+                hf.set_recurrent_state(cache, layer, donors[layer])
+
+    assert torch.equal(patched, greedy(plain, ids, NEW, patch=patch))
+
+
+def test_convolution_windows_follow_the_cache_and_a_written_one_is_convolved(model, plain, ids):
+    layer = 0
+    mix = model.layers[layer].linear_attn
+    window = 5.0 * torch.randn(1, mix._module.conv_dim, mix._module.conv_kernel_size, generator=torch.Generator().manual_seed(1))
+    got = []
+    with torch.no_grad(), model.generate(ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False) as tracer:
+        for step in tracer.iter[:2]:
+            entering = mix.conv_state_input
+            got.append(entering.save() if entering is not None else None)
+            got.append(mix.conv_state_output.save())
+    assert got[0] is None and torch.equal(got[2], got[1])
+    seen = {}
+    greedy(plain, ids, 2, patch=lambda step, cache: seen.__setitem__(step, hf.conv_state(cache, layer).clone()))
+    torch.testing.assert_close(got[1], seen[1], rtol=0, atol=0)
+
+    with torch.no_grad(), model.generate(ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False) as tracer:
+        for _ in tracer.iter[1]:
+            mix.conv_state_input = window
+        patched = tracer.result.save()
+    expected = greedy(plain, ids, NEW, patch=lambda step, cache: hf.set_conv_state(cache, layer, window) if step == 1 else None)
+    assert torch.equal(patched, expected)
+
+
+# -- optimized kernels, and what a trace leaves behind --------------------------------------
+
+
+def test_an_optimized_kernel_makes_kernel_values_unavailable(model):
+    modeling = model.family.MODELING
+    dispatcher = modeling.torch_chunk_gated_delta_rule
+    cell = dispatcher.__closure__[dispatcher.__code__.co_freevars.index("implementation")]
+    torch_function = cell.cell_contents
+
+    def stand_in(*args, **kwargs):  # plays flash-linear-attention's compiled kernel
+        return torch_function(*args, **kwargs)
+
+    cell.cell_contents = stand_in
+    try:
+        support = model.support()
+        reason = support["linear_attn.attention_queries"][0]
+        assert "optimized kernel (fla)" in reason and "route_kernels" in reason
+        assert support["linear_attn.states"][0] == reason
+        assert support["linear_attn.attention_output"] is None
+        with pytest.raises(Unavailable) as raised, model.trace(PROMPT):
+            model.layers[0].linear_attn.attention_queries
+        assert raised.value.reason == reason
+        with torch.no_grad(), model.trace(PROMPT):
+            out = model.layers[0].linear_attn.attention_output.save()
+        assert out.shape[-1] == model._module.config.hidden_size
+    finally:
+        cell.cell_contents = torch_function
+    assert model.support()["linear_attn.attention_queries"] is None
+
+
+def test_traces_leave_weights_bindings_and_config_as_they_were(model, ids):
+    modeling = model.family.MODELING
+    weights = {name: p.detach().clone() for name, p in model._module.state_dict().items()}
+    config = model._module.config.to_dict()
+    names = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn", "causal_conv1d_update")
+    bound = {name: modeling.__dict__[name] for name in names}
+    mix = model.layers[0].linear_attn
+    with torch.no_grad(), model.trace(ids):
+        mix.state_output = mix.state_output * 2
+        model.layers[1].layer_output = model.layers[1].layer_output * 0.5
+    with torch.no_grad(), model.generate(ids, max_new_tokens=2, do_sample=False) as tracer:
+        for _ in tracer.iter[1]:
+            mix.state_input = mix.state_input * 3
+    for name, tensor in model._module.state_dict().items():
+        assert torch.equal(tensor, weights[name]), name
+    assert model._module.config.to_dict() == config
+    assert {name: modeling.__dict__[name] for name in names} == bound
