@@ -72,7 +72,7 @@ def test_standard_names_reach_the_modules_the_family_names(load):
 def test_print_shows_the_standard_tree_with_descriptions(load):
     text = repr(load("qwen3_5_text"))
     assert "linear_attn: LinearAttention" in text and "self_attn: Attention" in text
-    assert "(states)" in text and "the recurrent state after every token" in text
+    assert "(states)" in text and "The recurrent state after every token" in text
     assert "(next_token_probs)" in text
 
 

@@ -312,13 +312,13 @@ class RecurrentMixer(Standard):
 
     state = EProperty(
         _token_state_op,
-        description="the state after a token of the prompt, one occurrence per token (tracer.iter); needs route_kernels(family, 'torch')",
+        description="the state after a token of the prompt, one occurrence per token (tracer.iter), [batch, ...state]; needs route_kernels(family, 'torch')",
         unavailable=needs_recurrent_routing,
         annotation=State,
     )
     states = DerivedEProperty(
         _states,
-        description="the recurrent state after every token of this call; needs route_kernels(family, 'torch')",
+        description="The recurrent state after every token of this call; needs route_kernels(family, 'torch')",
         unavailable=needs_recurrent_routing,
         annotation=States,
     )
@@ -382,3 +382,7 @@ class RecurrentMixer(Standard):
         if reason is not None:
             raise Unavailable(f"linear_attn.{what}", reason)
         mediator(f"`linear_attn.{what}`")
+
+
+#: ``kernel(attribute)``, the key function values are declared on (`RecurrentMixer.kernel`).
+kernel = RecurrentMixer.kernel

@@ -164,11 +164,8 @@ class EProperty(eproperty):
         self.owner = owner
 
     def __str__(self) -> str:
-        hint = self.annotation
-        if hint is not None and not isinstance(hint, str):
-            hint = getattr(hint, "__name__", None) or repr(hint)
-        typed = f" -> {hint}" if hint else ""
-        return f"({self.name}){typed}: {self.description}"
+        """The line ``print(model)`` shows: ``(name): description``."""
+        return f"({self.name}): {self.description}"
 
     def label(self, envoy: Any) -> str:
         """``"<component>.<value>"`` as `support()` keys it."""
