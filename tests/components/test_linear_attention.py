@@ -406,3 +406,33 @@ def test_traces_leave_weights_bindings_and_config_as_they_were(model, ids):
         assert torch.equal(tensor, weights[name]), name
     assert model._module.config.to_dict() == config
     assert {name: modeling.__dict__[name] for name in names} == bound
+
+
+def test_two_invokes_each_read_and_write_their_own_row(routed):
+    mix = routed.layers[0].linear_attn
+    value = donor_state(routed, 0)
+    alone = {}
+    for prompt in (PROMPT, OTHER):
+        with torch.no_grad(), routed.trace(prompt):
+            alone[prompt] = mix.states.save()
+    with torch.no_grad(), routed.trace() as tracer:
+        with tracer.invoke(PROMPT):
+            first = mix.states.save()
+        with tracer.invoke(OTHER):
+            second = mix.states.save()
+    # each invoke sees its own row, left-padded to the batch's length
+    for got, prompt in ((first, PROMPT), (second, OTHER)):
+        torch.testing.assert_close(got[:, -alone[prompt].shape[1]:], alone[prompt], rtol=1e-4, atol=1e-5, msg=prompt)
+    with torch.no_grad(), routed.trace() as tracer:
+        with tracer.invoke(PROMPT):
+            mix.set_state_after(2, value)
+            patched = routed.next_token_probs.save()
+        with tracer.invoke(OTHER):
+            untouched = routed.next_token_probs.save()
+    with torch.no_grad(), routed.trace(OTHER):
+        other_alone = routed.next_token_probs.save()
+    with torch.no_grad(), routed.trace(PROMPT):
+        mix.set_state_after(2, value)
+        patched_alone = routed.next_token_probs.save()
+    torch.testing.assert_close(untouched, other_alone, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(patched, patched_alone, rtol=1e-4, atol=1e-5)
