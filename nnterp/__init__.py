@@ -8,6 +8,7 @@ writable mid-prompt and on every step of ``generate``.
 """
 
 from .components.recurrent import RecurrentMixer
+from .components.chunking import chunk_per_token
 from .components.routing import route_delta_rule, route_kernels
 from .core.errors import NnterpError, NotInTrace, OrderError, ReadOnlyValue, RoutingError, Unavailable, UnsupportedModel
 from .standardized import StandardizedTransformer
@@ -18,6 +19,7 @@ __all__ = [
     "RecurrentMixer",
     "route_kernels",
     "route_delta_rule",
+    "chunk_per_token",
     "families",
     "NnterpError",
     "NotInTrace",

@@ -25,9 +25,11 @@ from typing import Any, Optional
 
 import torch
 from nnsight import TransformersModel
+from torch._guards import detect_fake_mode
 
+from .components.routing import refused_device
 from .core.dims import Logits, Probs
-from .core.errors import NnterpError
+from .core.errors import NnterpError, RoutingError
 from .core.values import DerivedEProperty, EProperty
 from .families import envoys, family_for
 from .support import describe, support_table
@@ -146,6 +148,20 @@ class StandardizedTransformer(TransformersModel):
         description="softmax over the vocabulary at each row's last token, [batch, vocab]",
         annotation=Probs,
     )
+
+    def interleave(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """nnsight's driver of every trace, refusing first a run a compiled kernel would refuse.
+
+        With ``mamba_ssm`` / ``causal-conv1d`` bound, the kernel rejects CPU
+        tensors from deep inside the forward; checked here, after the weights
+        are dispatched, the error names `route_kernels`.
+        """
+        if not self.dispatched and detect_fake_mode() is None:
+            self.dispatch()
+        reason = refused_device(self)
+        if reason is not None:
+            raise RoutingError(reason)
+        return super().interleave(fn, *args, **kwargs)
 
     def support(self) -> dict:
         """Every declared value, per layer: ``None`` where every layer serves it, else the reason per layer.

@@ -42,6 +42,8 @@ from typing import Any, Optional
 import torch
 import transformers.models.qwen3_5.modeling_qwen3_5 as _reference
 
+from nnsight.intervention.source import compiled
+
 from ..core.dims import ConvState, Gates, Queries, State, Values
 from ..core.errors import NnterpError
 from ..core.values import DerivedEProperty, EProperty, check_expected, check_tensor
@@ -67,6 +69,28 @@ def _argument(select: Any, description: str, annotation: Any) -> EProperty:
     )
 
 
+def _repeats_first_argument(forward: Any, function: str) -> bool:
+    """Whether ``forward`` rebinds the variable it passes ``function`` first to a ``.repeat_interleave(...)`` of it."""
+    import ast
+
+    from nnsight.intervention.source import decorator_chain
+
+    tree = ast.parse(compiled(decorator_chain(forward)[0]).source)
+    calls = [
+        node for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == function and node.args
+    ]
+    names = {call.args[0].id for call in calls if isinstance(call.args[0], ast.Name)}
+    return any(
+        isinstance(node, ast.Assign)
+        and any(isinstance(target, ast.Name) and target.id in names for target in node.targets)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Attribute)
+        and node.value.func.attr == "repeat_interleave"
+        for node in ast.walk(tree)
+    )
+
+
 def _validate_state_input(envoy: "LinearAttention", new: Any, current: Any) -> None:
     args, kwargs = envoy._kernel_arguments()
     shape = envoy._state_shape(args, kwargs)
@@ -86,6 +110,10 @@ class LinearAttention(RecurrentMixer):
     PRE_STATE_OP: str = ""
     #: The kernel keyword carrying the entering state.
     INITIAL_STATE = "initial_state"
+    #: Whether this release's forward repeats q and k to the value heads before the kernel (up to 5.22; found by `resolve`).
+    EXPANDS_KEYS = False
+    #: Whether query/key heads may be fewer than value heads (grouped), so one of the forward and the kernel repeats them.
+    GROUPED_HEADS = True
 
     attention_queries = _argument(0, "the kernel's queries q, [batch, seq, key_heads, key_dim]", Queries)
     attention_keys = _argument(1, "the kernel's keys k, [batch, seq, key_heads, key_dim]", Queries)
@@ -115,7 +143,7 @@ class LinearAttention(RecurrentMixer):
     def dims(self) -> dict[str, int]:
         module = self._module
         return {
-            "key_heads": module.num_k_heads,
+            "key_heads": module.num_v_heads if type(self).EXPANDS_KEYS else module.num_k_heads,
             "mixer_heads": module.num_v_heads,
             "key_dim": module.head_k_dim,
             "value_dim": module.head_v_dim,
@@ -133,6 +161,16 @@ class LinearAttention(RecurrentMixer):
         loop = cls.loop_function(kernels.modeling_of(hf_mixer))
         cls.DECAY_OP = kernels.state_label(loop, cls.DECAY_VARIABLE, in_loop=True)
         cls.PRE_STATE_OP = kernels.bindings(loop, cls.STATE_VARIABLE, in_loop=True)[-2]
+        cls.EXPANDS_KEYS = _repeats_first_argument(hf_mixer.forward, cls.CHUNK_FUNCTION)
+        if cls.GROUPED_HEADS:
+            stash = kernels.modeling_of(hf_mixer).__dict__.get("_nnterp_kernels", {})
+            chunk = kernels.torch_function(stash.get(cls.CHUNK_FUNCTION, getattr(kernels.modeling_of(hf_mixer), cls.CHUNK_FUNCTION)))
+            if cls.EXPANDS_KEYS == ("repeat_interleave" in compiled(chunk).source):
+                raise NnterpError(kernels._missing(
+                    "where the query/key heads are repeated to the value heads (the mixer's forward up to 5.22, the "
+                    f"kernel from 5.23), which sets `linear_attn.attention_queries`' key_heads; {cls.CHUNK_FUNCTION}",
+                    hf_mixer.forward,
+                ))
 
     def _continue_from(self, record: Any, position: int, value: torch.Tensor, what: str) -> None:
         # Token t+1 starts with S_t · α_{t+1} (the decay, before its write): put

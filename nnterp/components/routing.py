@@ -28,7 +28,7 @@ from nnsight.intervention.source import STATE
 
 from ..core.calls import in_trace
 from ..core.errors import NnterpError, RoutingError
-from .kernels import torch_function
+from .kernels import closure, torch_function
 
 #: Attribute of the modeling module holding the bindings it had at import.
 STASH = "_nnterp_kernels"
@@ -163,3 +163,31 @@ def reinstrument(modeling: ModuleType, names: set[str]) -> int:
             state.body, state.sourced, state.compiled = state.original, False, None
             reset += 1
     return reset
+
+
+def refused_device(model: Any) -> "str | None":
+    """Why running ``model`` would fail inside a compiled kernel that refuses its device, or ``None``.
+
+    With ``mamba_ssm`` or ``causal-conv1d`` installed, the dispatcher hands a
+    CPU tensor to a CUDA kernel, which refuses it (``Expected u.is_cuda() to
+    be true``) from inside the forward. Checked before a trace runs
+    (`StandardizedTransformer.interleave`), so the error names the fix.
+    """
+    family = getattr(model, "family", None)
+    if family is None or getattr(family, "MIXER", None) is None:
+        return None
+    parameter = next(model._module.parameters(), None)
+    if parameter is None or parameter.device.type != "cpu":
+        return None
+    modeling = modeling_module(family)
+    for mixer in mixers_of(family):
+        for name in (mixer.CHUNK_FUNCTION, mixer.RECURRENT_FUNCTION, *mixer.CONV_FUNCTIONS):
+            cells = closure(modeling.__dict__.get(name))
+            if cells and cells.get("implementation") is not cells.get("torch_function"):
+                package = cells.get("package") or getattr(cells["implementation"], "__module__", "?").split(".")[0]
+                return (
+                    f"this process dispatches transformers' {name} to {package}'s compiled CUDA kernel, which refuses "
+                    f"this model's CPU tensors (`Expected ....is_cuda() to be true`); call "
+                    f"nnterp.route_kernels(model.family, 'torch') before tracing it on a CPU"
+                )
+    return None

@@ -1,14 +1,210 @@
-"""SelectiveScan: Mamba-1's selective state-space mixer (minimal: its output only, for now)."""
+"""SelectiveScan: Mamba-1's selective state-space mixer (Gu & Dao, 2023, arXiv:2312.00752).
+
+Mental model: every inner channel ``d`` keeps a state vector of ``state_size``
+numbers, ``h[d]`` (the whole state is ``[channels, state_size]``). Each token
+decays it and writes its input there, with a step size Δ chosen from the
+token itself (the "selective" part):
+
+    Δ_t = softplus(dt_t + dt_bias)                 (the betas, [channels])
+    h_t = exp(Δ_t A) ⊙ h_{t-1} + (Δ_t x_t) ⊗ B_t    (log decay Δ_t A: the decays)
+    y_t = h_t C_t + D ⊙ x_t,  gated by silu(z_t)
+
+In the state-space / attention duality (Dao & Gu, 2024) ``C`` reads the state
+as queries do, ``B`` writes it as keys do and ``x`` is what is written, so
+they are served as ``attention_queries``, ``attention_keys`` and
+``attention_values``.
+
+Values, all tokens first (``seq`` is this call's tokens, one on a decode step):
+
+* ``attention_values`` ``[batch, seq, channels]``: x, after the convolution.
+* ``attention_keys`` / ``attention_queries`` ``[batch, seq, state_size]``: B, C.
+* ``dt`` ``[batch, seq, channels]``: the time step before the bias and softplus.
+* ``betas`` ``[batch, seq, channels]``: Δ, computed as the kernel computes it;
+  an assignment is written back as ``dt``.
+* ``decays`` ``[batch, seq, channels, state_size]``: the *log* decay Δ·A (≤ 0);
+  the state is multiplied by ``decays.exp()``. Read-only.
+* ``state_input`` ``[batch, channels, state_size]``: the state entering a decode
+  step, a copy; ``None`` on a prompt, since transformers' prompt kernel always
+  starts from zeros (so does a multi-token continuation of a cache).
+* ``state_output``: the state after the call's last token; writable.
+* ``state`` / ``states`` ``[batch, seq, channels, state_size]`` /
+  ``state_after`` / ``set_state_after``: the state after every token
+  (`RecurrentMixer`); the prompt kernel is itself the token loop.
+* ``conv_state_input`` / ``conv_state_output`` ``[batch, channels, conv_width]``.
+* ``attention_output`` ``[batch, seq, hidden]``: the mixer's output.
+* ``argument(name)``: any kernel argument by name (``"z"``, ``"D"``, ``"A"``, ...).
+
+Failure mode worth knowing: the kernels are channel-first (``[batch,
+channels, seq]``) and the decode kernel has no sequence axis; every value is
+served tokens first and laid back on write, so never transpose what you read.
+"""
 
 from __future__ import annotations
 
-from ..core.standard import Standard
-from .attention import unwrapped_output
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+import transformers.models.mamba.modeling_mamba as _reference
+from jaxtyping import Float
+from torch import Tensor
+
+from ..core.calls import pinned
+from ..core.dims import BATCH, CHANNELS, SEQ, STATE_SIZE
+from ..core.values import DerivedEProperty, EProperty, check_tensor
+from .conv import conv_state_input, conv_state_output
+from .kernel_arguments import (
+    CHANNELS_FIRST,
+    ONE_TOKEN,
+    SAME,
+    KernelArguments,
+    inverse_softplus,
+    keep_unchanged,
+    kernel_argument,
+    state_input,
+)
+from .recurrent import RecurrentMixer, needs_recurrent_routing, needs_torch_kernels
+
+Channels = Float[Tensor, f"{BATCH} {SEQ} {CHANNELS}"]
+StateVectors = Float[Tensor, f"{BATCH} {SEQ} {STATE_SIZE}"]
+ScanState = Float[Tensor, f"{BATCH} {CHANNELS} {STATE_SIZE}"]
+ScanStates = Float[Tensor, f"{BATCH} {SEQ} {CHANNELS} {STATE_SIZE}"]
 
 
-class SelectiveScan(Standard):
-    """A Mamba-1 mixer (``layer.linear_attn``)."""
+class SelectiveScan(KernelArguments):
+    """A Mamba-1 mixer (``layer.linear_attn``): see the module docstring for its values."""
 
-    KIND = "linear_attn"
+    CHUNK_FUNCTION = "mamba_selective_scan"
+    RECURRENT_FUNCTION = "mamba_selective_state_update"
+    STATE_VARIABLE = "ssm_state"
+    #: Set (a placeholder until `resolve`): the decode kernel updates the state once,
+    #: while the prompt's pure-torch kernel is itself the token loop.
+    STEP_STATE_OP: Optional[str] = "<resolved at import>"
 
-    attention_output = unwrapped_output("the mixer's output, [batch, seq, hidden]")
+    #: ``mamba_selective_scan(x, dt, A, B, C, D=, z=, delta_bias=, delta_softplus=, ...)``, channel-first.
+    CHUNK_ARGUMENTS = {
+        "x": (0, CHANNELS_FIRST),
+        "dt": (1, CHANNELS_FIRST),
+        "A": (2, SAME),
+        "B": (3, CHANNELS_FIRST),
+        "C": (4, CHANNELS_FIRST),
+        "D": ("D", SAME),
+        "z": ("z", CHANNELS_FIRST),
+        "dt_bias": ("delta_bias", SAME),
+        "dt_softplus": ("delta_softplus", SAME),
+    }
+    #: ``mamba_selective_state_update(state, x, dt, A, B, C, D, z=, dt_bias=, dt_softplus=)``, one token.
+    RECURRENT_ARGUMENTS = {
+        "state": (0, SAME),
+        "x": (1, ONE_TOKEN),
+        "dt": (2, ONE_TOKEN),
+        "A": (3, SAME),
+        "B": (4, ONE_TOKEN),
+        "C": (5, ONE_TOKEN),
+        "D": (6, SAME),
+        "z": ("z", ONE_TOKEN),
+        "dt_bias": ("dt_bias", SAME),
+        "dt_softplus": ("dt_softplus", SAME),
+    }
+
+    attention_queries = kernel_argument("C", "C, how each token reads the state (the queries), [batch, seq, state_size]", StateVectors)
+    attention_keys = kernel_argument("B", "B, how each token writes the state (the keys), [batch, seq, state_size]", StateVectors)
+    attention_values = kernel_argument("x", "x, what each token writes (after the convolution), [batch, seq, channels]", Channels)
+    dt = kernel_argument("dt", "the time step before its bias and softplus, [batch, seq, channels]", Channels)
+
+    def _betas(self) -> torch.Tensor:
+        call = self._arguments()
+        step = self._serve("dt", call)
+        bias = self._serve("dt_bias", call)
+        if bias is not None:
+            step = step + bias.to(step.dtype)
+        return F.softplus(step) if self._serve("dt_softplus", call) else step
+
+    def _assign_betas(self, value: Any) -> None:
+        served = self._betas()
+        check_tensor("`linear_attn.betas`", value, served)
+        call = self._arguments()
+        bias = self._serve("dt_bias", call)
+        step = inverse_softplus(value) if self._serve("dt_softplus", call) else value
+        if bias is not None:
+            step = step - bias.to(step.dtype)
+        self.dt = keep_unchanged(value, served, step, self._serve("dt", call))
+
+    def _decays(self) -> torch.Tensor:
+        # The kernel's exp(A[None, :, None, :] * Δ[..., None]), tokens first.
+        return self._betas()[..., None] * self._serve("A", self._arguments()).float()
+
+    betas = DerivedEProperty(
+        _betas,
+        assign=_assign_betas,
+        description="the step size Δ = softplus(dt + dt_bias) > 0, [batch, seq, channels]; a write sets dt",
+        unavailable=needs_torch_kernels,
+        annotation=Channels,
+    )
+    decays = DerivedEProperty(
+        _decays,
+        description="the log decay Δ·A ≤ 0 (the state is multiplied by exp of it), [batch, seq, channels, state_size]",
+        unavailable=needs_torch_kernels,
+        annotation=ScanStates,
+    )
+    state_input = state_input(
+        "the state entering a decode step, [batch, channels, state_size], a copy (None on a fresh prompt, and on any "
+        "prompt: the kernel starts from zeros); assign it on a decode step to continue from another",
+        ScanState,
+    )
+    state_output = DerivedEProperty(
+        KernelArguments._state_output,
+        assign=KernelArguments._assign_state_output,
+        description="the state after this call's last token, [batch, channels, state_size]",
+        unavailable=needs_torch_kernels,
+        annotation=ScanState,
+    )
+    state = EProperty(
+        RecurrentMixer._token_state_op,
+        description="the state after a token of the prompt, one occurrence per token (tracer.iter), [batch, channels, state_size]",
+        unavailable=needs_recurrent_routing,
+        annotation=ScanState,
+    )
+    states = DerivedEProperty(
+        RecurrentMixer._states,
+        description="the state after every token of this call, [batch, seq, channels, state_size]",
+        unavailable=needs_recurrent_routing,
+        annotation=ScanStates,
+    )
+    conv_state_input = conv_state_input()
+    conv_state_output = conv_state_output()
+
+    def dims(self) -> dict[str, int]:
+        module = self._module
+        return {
+            "channels": module.intermediate_size,
+            "state_size": module.ssm_state_size,
+            "conv_channels": module.intermediate_size,
+            "conv_width": module.conv_kernel_size,
+        }
+
+    def _continue_from(self, record: Any, position: int, value: torch.Tensor, what: str) -> None:
+        # Token t+1's update, exp(Δ A) ⊙ h + (Δ x) ⊗ B, computed from value with the
+        # kernel's own operations, is written as the state after t+1: token t's
+        # readout keeps the state it computed, and the loop goes on from there.
+        after = position + 1
+        self._visit(record, after, what)
+        call = self._arguments()
+        step = self._betas()[:, after]  # [batch, channels]
+        decay = torch.exp(self._serve("A", call)[None] * step[..., None])
+        write = step[..., None] * self._serve("B", call)[:, after, None, :].float() * self._serve("x", call)[:, after, :, None].float()
+        with pinned(record.first + after):
+            record.op.output = decay * value + write
+
+    def _seq(self, args: tuple, kwargs: dict) -> int:
+        # x is [batch, channels, seq] on a prompt; the decode kernel has no seq axis.
+        return 1 if self._decodes() else args[0].shape[2]
+
+    def _state_shape(self, args: tuple, kwargs: dict) -> tuple:
+        if self._decodes():
+            return tuple(args[0].shape)
+        x, A = args[0], args[2]
+        return (x.shape[0], x.shape[1], A.shape[1])
+
+
+SelectiveScan.resolve(_reference.MambaMixer)

@@ -13,8 +13,9 @@ never disagree.
 * ``mixer_heads``: the heads a recurrent mixer keeps one state per: a gated
   DeltaNet's *value* heads (a hybrid's mixer usually has more than its
   attention blocks), Mamba-2's heads. Mamba-1 keeps one state per channel.
-* ``key_heads``: a gated DeltaNet's query/key heads; each serves
-  ``mixer_heads // key_heads`` consecutive value heads.
+* ``key_heads``: a gated DeltaNet's query/key heads, Mamba-2's groups of
+  ``B`` / ``C`` (its keys / queries); each serves ``mixer_heads // key_heads``
+  consecutive heads.
 * ``key_dim`` / ``value_dim``: a DeltaNet state is ``[key_dim, value_dim]`` per
   head, key first: the readout is ``Sᵀq`` and the update writes ``k ⊗ δ``.
 * ``channels``: Mamba-1's inner channels (``intermediate_size``).

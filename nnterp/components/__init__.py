@@ -1,0 +1,1 @@
+"""Components: one file per kind of module nnterp standardizes."""

@@ -1,0 +1,1 @@
+"""The value machinery every component is built on: descriptors, per-call records, errors, dimension names."""

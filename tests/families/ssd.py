@@ -1,0 +1,243 @@
+"""`SSDSuite`: the tests every Mamba-2-like family (state space duality, `StateSpace`) passes.
+
+A family's test file mixes it in and names its checkpoint::
+
+    class TestMamba2(SSDSuite):
+        MODEL_TYPE = "mamba2"
+
+Oracles independent of nnterp: transformers' cache after a plain forward over
+each prefix, a plain forward continued token by token from a replaced cached
+state, a plain greedy loop, and the SSD recurrence written token by token
+(tests/reference/recurrences.py). The decode-step and optimized-kernel tests
+come from `MambaFixtures`, shared with the Mamba-1 suite.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import nnterp
+from nnterp import NnterpError, OrderError, RoutingError, Unavailable
+from tests.families.selective_scan import OTHER, PROMPT, TOL, MambaFixtures
+from tests.reference import hf_oracles as hf
+from tests.reference.recurrences import ssd
+
+
+class SSDSuite(MambaFixtures):
+    """Tests of a Mamba-2-like mixer: set ``MODEL_TYPE``."""
+
+    @pytest.fixture
+    def per_token(self, model):
+        with nnterp.chunk_per_token(model):
+            yield model
+
+    def test_labels_are_resolved_from_the_kernels_source(self, model):
+        cls = type(model.layers[0].linear_attn)
+        assert cls.STATE_OP is None and (cls.BOUNDARY_OP, cls.STEP_STATE_OP) == ("new_states_0", "ssm_states_0")
+
+    # -- chunk_per_token ---------------------------------------------------------
+
+    def test_states_are_unavailable_until_chunk_per_token_which_is_per_model_and_undone(self, model, checkpoint):
+        size = model._module.config.chunk_size
+        reason = model.support()["linear_attn.states"][0]
+        assert f"every {size} tokens (chunk_size={size})" in reason and "chunk_per_token" in reason
+        with pytest.raises(Unavailable, match="chunk_per_token"), model.trace(PROMPT):
+            model.layers[0].linear_attn.states
+        other = nnterp.StandardizedTransformer(str(checkpoint(self.MODEL_TYPE)), dispatch=True)
+        nnterp.chunk_per_token(model)
+        try:
+            assert all(layer.linear_attn._module.chunk_size == 1 for layer in model.layers)
+            assert model.support()["linear_attn.states"] is None
+            assert other.layers[0].linear_attn._module.chunk_size == size, "per model, not process-wide"
+        finally:
+            nnterp.chunk_per_token(model, enabled=False)
+        assert all(layer.linear_attn._module.chunk_size == size for layer in model.layers)
+
+    def test_chunk_per_token_gives_the_default_logits(self, model, ids):
+        with torch.no_grad(), model.trace(ids):
+            chunked = model.logits.save()
+        with nnterp.chunk_per_token(model), torch.no_grad(), model.trace(ids):
+            per_token = model.logits.save()
+        assert ids.shape[1] > model._module.config.chunk_size, "the prompt spans several chunks"
+        torch.testing.assert_close(per_token, chunked, rtol=0, atol=1e-5)
+
+    def test_chunk_per_token_refuses_a_model_without_the_mixer_and_a_running_trace(self, model, load):
+        with pytest.raises(NnterpError, match="no Mamba-2"):
+            nnterp.chunk_per_token(load("mamba"))
+        with pytest.raises(RoutingError, match="before"), model.trace(PROMPT):
+            nnterp.chunk_per_token(model)
+
+    # -- the state after every token ---------------------------------------------
+
+    @pytest.mark.parametrize("layer", [0, 1])
+    def test_states_equal_the_cache_after_each_prefix(self, per_token, plain, ids, layer):
+        mix = per_token.layers[layer].linear_attn
+        with torch.no_grad(), per_token.trace(ids):
+            states = mix.states.save()
+            final = mix.state_output.save()
+        torch.testing.assert_close(states, hf.prefix_states(plain, ids, layer), **TOL, msg="states vs HF cache per prefix")
+        assert torch.equal(states[:, -1], final)
+
+    def test_states_of_a_left_padded_batch_are_each_prompts(self, per_token, plain):
+        mix = per_token.layers[1].linear_attn
+        with torch.no_grad(), per_token.trace([PROMPT, OTHER]):
+            batch = mix.states.save()
+        with torch.no_grad(), per_token.trace() as tracer:
+            with tracer.invoke(PROMPT):
+                first = mix.states.save()
+            with tracer.invoke(OTHER):
+                second = mix.states.save()
+        assert torch.equal(first[0], batch[0]) and torch.equal(second[0], batch[1])
+        width = batch.shape[1]
+        for row, prompt in enumerate((PROMPT, OTHER)):
+            row_ids = per_token.tokenizer(prompt, return_tensors="pt").input_ids
+            pad = width - row_ids.shape[1]
+            torch.testing.assert_close(batch[row, pad:], hf.prefix_states(plain, row_ids, 1)[0], **TOL, msg=f"row {row}")
+            assert torch.count_nonzero(batch[row, :pad]) == 0
+        assert width > len(per_token.tokenizer(OTHER).input_ids)
+
+    def test_state_iterates_over_tokens_with_tracer_iter(self, per_token, ids):
+        mix = per_token.layers[0].linear_attn
+        collected, after_loop = [], []
+        with torch.no_grad(), per_token.trace(ids) as tracer:
+            for t in tracer.iter[: ids.shape[1]]:
+                collected.append(mix.state.save())
+            states = mix.states.save()
+        assert torch.equal(torch.stack(collected, 1), states)
+        with warnings.catch_warnings(record=True) as caught, torch.no_grad(), per_token.trace(ids) as tracer:
+            warnings.simplefilter("always")
+            for t in tracer.iter[:]:
+                after_loop.append(mix.state.save())
+        assert len(after_loop) == ids.shape[1], "an open loop ends after the last token"
+        assert any("never reached" in str(w.message) for w in caught)
+
+    def test_arguments_reproduce_states_and_output_through_the_ssd_recurrence(self, per_token):
+        mix = per_token.layers[0].linear_attn
+        with torch.no_grad(), per_token.trace(PROMPT):
+            x, dt = mix.attention_values.save(), mix.dt.save()
+            B, C = mix.attention_keys.save(), mix.attention_queries.save()
+            A, D, bias = (mix.argument(name).save() for name in ("A", "D", "dt_bias"))
+            betas, decays = mix.betas.save(), mix.decays.save()
+            states = mix.states.save()
+            y = getattr(mix.source, type(mix).CHUNK_KERNEL).output[0].save()
+        outputs, expected = ssd(x, dt, A, B, C, D, dt_bias=bias)
+        torch.testing.assert_close(states, expected, **TOL, msg="states")
+        torch.testing.assert_close(y, outputs, **TOL, msg="kernel output")
+        _, from_betas = ssd(x, betas, A, B, C, dt_softplus=False)
+        torch.testing.assert_close(from_betas, expected, **TOL, msg="betas are the step sizes")
+        assert torch.equal(decays, betas * A) and (decays <= 0).all() and (betas > 0).all()
+
+    @pytest.mark.parametrize("name", ["betas", "decays"])
+    def test_betas_and_decays_written_reach_the_kernel(self, per_token, name):
+        mix = per_token.layers[0].linear_attn
+        with torch.no_grad(), per_token.trace(PROMPT):
+            x, A = mix.attention_values.save(), mix.argument("A").save()
+            B, C = mix.attention_keys.save(), mix.attention_queries.save()
+            doubled = (2 * getattr(mix, name)).save()
+            setattr(mix, name, doubled)
+            states = mix.states.save()
+        step = doubled if name == "betas" else doubled / A
+        _, expected = ssd(x, step, A, B, C, dt_softplus=False)
+        torch.testing.assert_close(states, expected, **TOL)
+
+    def test_state_input_assigned_on_a_prompt_is_where_it_starts(self, per_token, plain, ids):
+        mix = per_token.layers[1].linear_attn
+        donor = self.donor(self.cached_state(plain, ids, 1))
+        with torch.no_grad(), per_token.trace(PROMPT):
+            x, dt = mix.attention_values.save(), mix.dt.save()
+            B, C = mix.attention_keys.save(), mix.attention_queries.save()
+            A, bias = mix.argument("A").save(), mix.argument("dt_bias").save()
+            mix.state_input = donor
+            states = mix.states.save()
+        _, expected = ssd(x, dt, A, B, C, dt_bias=bias, initial_state=donor)
+        torch.testing.assert_close(states, expected, **TOL)
+
+    def test_generate_steps_each_read_their_own_call(self, per_token):
+        mix = per_token.layers[0].linear_attn
+        with torch.no_grad(), per_token.trace("Hello world there"):
+            prompt_states = mix.states.save()
+        firsts, seqs, stacks, outs = [], [], [], []
+        with torch.no_grad(), per_token.generate("Hello world there", max_new_tokens=3, min_new_tokens=3, do_sample=False) as tracer:
+            for step in tracer.iter[:3]:
+                op, first, seq = mix._token_op()
+                seqs.append(seq)
+                firsts.append(first)
+                stacks.append(mix.states.save())
+                outs.append(mix.state_output.save())
+        assert seqs == [prompt_states.shape[1], 1, 1] and firsts == [0, 0, 1]
+        assert torch.equal(stacks[0], prompt_states)
+        assert torch.equal(stacks[2][:, 0], outs[2]) and not torch.equal(stacks[2][:, 0], outs[1])
+
+    def test_a_decode_step_serves_one_token_per_head_and_a_write_reaches_its_update(self, model):
+        mix = model.layers[1].linear_attn
+        read = {}
+        with torch.no_grad(), model.generate(PROMPT, max_new_tokens=2, min_new_tokens=2, do_sample=False) as tracer:
+            for step in tracer.iter[1]:
+                read["entering"] = mix.state_input.save()
+                read["x"], read["B"], read["C"] = mix.attention_values.save(), mix.attention_keys.save(), mix.attention_queries.save()
+                read["A"], read["D"] = mix.argument("A").save(), mix.argument("D").save()
+                read["decays"] = (mix.decays * 2).save()
+                mix.decays = read["decays"]
+                read["out"] = mix.state_output.save()
+        x, B, C, A, decays = (read[k] for k in ("x", "B", "C", "A", "decays"))
+        heads = x.shape[2]
+        assert x.shape[1] == B.shape[1] == decays.shape[1] == 1 and A.shape == (heads,) and read["D"].shape == (heads,)
+        _, expected = ssd(x, decays / A, A, B, C, dt_softplus=False, initial_state=read["entering"])
+        torch.testing.assert_close(read["out"], expected[:, -1], **TOL)
+
+    # -- writing the state inside a prompt ---------------------------------------
+
+    @pytest.mark.parametrize("T", [2, 5])
+    def test_set_state_after_continues_as_hf_from_a_replaced_cache(self, per_token, plain, ids, T):
+        layer = 1
+        donor = self.donor(self.cached_state(plain, ids, layer))
+        mix = per_token.layers[layer].linear_attn
+        with torch.no_grad(), per_token.trace(ids):
+            before = mix.state_after(T - 1).save()
+            mix.set_state_after(T, donor)
+            after = mix.state_after(T).save()
+            later = mix.state_after(T + 1).save()
+            final = mix.state_output.save()
+            probs = per_token.next_token_probs.save()
+        expected = torch.softmax(hf.continue_from_state(plain, ids, T, layer, donor), -1)
+        torch.testing.assert_close(probs, expected, **TOL)
+        assert torch.equal(after, donor)
+        torch.testing.assert_close(before, hf.prefix_states(plain, ids[:, :T], layer)[:, -1], **TOL)
+        with torch.no_grad():
+            cache = hf.output_cache(plain(ids[:, : T + 1], use_cache=True))
+            hf.set_recurrent_state(cache, layer, donor)
+            rest = plain(ids[:, T + 1 : T + 2], use_cache=True, **{hf.cache_kwarg(plain): cache})
+        torch.testing.assert_close(later, hf.recurrent_state(hf.output_cache(rest), layer), **TOL)
+        assert not torch.equal(final, self.cached_state(plain, ids, layer)), "the write reaches the final state"
+
+    def test_set_state_after_the_last_token_is_the_final_state(self, per_token, ids):
+        mix = per_token.layers[0].linear_attn
+        with torch.no_grad(), per_token.trace(ids):
+            donor = torch.ones_like(mix.state_after(-1))
+            mix.set_state_after(-1, donor)
+            final = mix.state_output.save()
+        assert torch.equal(final, torch.ones_like(final))
+
+    # -- bad input ---------------------------------------------------------------
+
+    def test_bad_input_raises_nnterp_errors(self, per_token, plain, ids):
+        mix = per_token.layers[0].linear_attn
+        good = self.cached_state(plain, ids, 0)
+        n = ids.shape[1]
+        cases = {
+            "dtype": (lambda: mix.set_state_after(1, good.double()), NnterpError, "dtype"),
+            "shape": (lambda: mix.set_state_after(1, good[:, :1]), NnterpError, "shape"),
+            "range": (lambda: mix.state_after(n), NnterpError, "outside"),
+            "later read first": (lambda: (mix.state_after(3), mix.set_state_after(1, good)), OrderError, "later token"),
+            "after the kernel": (lambda: (mix.state_output, mix.set_state_after(1, good)), OrderError, "per-token state was asked for after"),
+            "argument after the kernel": (lambda: (mix.states, setattr(mix, "dt", mix.dt)), OrderError, "kernel had started"),
+            "betas shape": (lambda: setattr(mix, "betas", mix.betas[:, :1]), NnterpError, "shape"),
+            "state_input dtype": (lambda: setattr(mix, "state_input", good.double()), NnterpError, "dtype"),
+        }
+        for name, (action, error, words) in cases.items():
+            with pytest.raises(error, match=words):
+                with torch.no_grad(), per_token.trace(ids):
+                    action()
