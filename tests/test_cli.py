@@ -1,0 +1,114 @@
+"""The command line, run as a user runs it: ``python -m nnterp`` in a subprocess, on tiny checkpoints."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nnterp.__main__ import main
+from nnterp.testing import tiny_checkpoint
+
+ROUTE_HINT = "nnterp.route_kernels(model.family, 'torch')"
+
+
+def nnterp_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "nnterp", *args], capture_output=True, text=True, timeout=300, cwd=cwd, env=env
+    )
+
+
+def test_help():
+    done = nnterp_cli("--help")
+    assert done.returncode == 0, done.stderr
+    assert "usage: nnterp" in done.stdout and "demo" in done.stdout and "support" in done.stdout
+
+
+@pytest.mark.parametrize("command, words", [("demo", ("--model", "--out", "--no-sweep")), ("support", ("ID_OR_PATH", "--routed"))])
+def test_help_of_each_command(command, words, capsys):
+    # In process: the subprocess path is the same parser, and each start costs seconds of imports.
+    with pytest.raises(SystemExit) as exit:
+        main([command, "--help"])
+    assert exit.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: nnterp {command}")
+    assert all(word in out for word in words)
+
+
+def test_no_command_is_an_error(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main([])
+    assert exit.value.code != 0 and "usage: nnterp" in capsys.readouterr().err
+
+
+def test_support_prints_layers_by_values_with_reasons():
+    done = nnterp_cli("support", str(tiny_checkpoint("qwen3_5_text")))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "4 layers, as loaded" in lines[0]
+    header = next(line for line in lines if line.startswith("value"))
+    assert header.split()[-4:] == ["0", "1", "2", "3"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines if line.startswith(("layer.", "linear_attn.", "self_attn."))}
+    assert rows["layer.layer_output"] == ["+"] * 4
+    assert rows["linear_attn.state_output"] == ["+", "+", "+", "-"]  # block 3 is softmax attention
+    assert rows["self_attn.attention_output"] == ["-", "-", "-", "+"]
+    code = rows["linear_attn.states"][0]
+    assert rows["linear_attn.states"] == [code] * 3 + ["-"] and code not in "+-"
+    reason = next(line for line in lines if line.strip().startswith(f"{code}:"))
+    assert "token-by-token kernel" in reason and ROUTE_HINT in reason
+    assert "--routed" in done.stdout
+
+
+def test_support_routed_serves_the_states():
+    done = nnterp_cli("support", "qwen3_5_text", "--routed")  # a tiny checkpoint's name works too
+    assert done.returncode == 0, done.stderr
+    assert "after nnterp.route_kernels" in done.stdout
+    states = next(line for line in done.stdout.splitlines() if line.startswith("linear_attn.states"))
+    assert states.split()[1:] == ["+", "+", "+", "-"]
+
+
+def test_support_reads_the_config_alone(tmp_path):
+    only = tmp_path / "config-only"
+    only.mkdir()
+    shutil.copy(tiny_checkpoint("mamba") / "config.json", only / "config.json")  # no weights, no tokenizer
+    done = nnterp_cli("support", str(only))
+    assert done.returncode == 0, done.stderr
+    assert "mamba" in done.stdout and "2 layers" in done.stdout
+    assert any(line.startswith("linear_attn.state_output") for line in done.stdout.splitlines())
+
+
+def test_demo_walks_the_recipe_and_writes_plots(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "plots"
+    done = nnterp_cli("demo", "--out", str(out), "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = done.stdout
+    for section in ("what each layer serves", "the state leaving the prompt", "the state after every token", "a patch:", "a sweep:"):
+        assert section in text, section
+    assert "recurrent mixers at [0, 1, 2]" in text
+    assert "linear_attn.states" in text and ROUTE_HINT in text  # the support table, with its reason
+    assert "states[:, -1] == state_output: True" in text
+    assert "'The'" in text  # a row per token of the prompt
+    assert "clean:" in text and "patched:" in text and "total variation" in text
+    for name in ("state_norms.png", "head_norms.png", "patch_effect.png", "patch_sweep.png"):
+        png = out / name
+        assert png.stat().st_size > 5_000, name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_demo_on_a_model_without_a_recurrent_mixer(tmp_path):
+    done = nnterp_cli("demo", "--model", "llama", "--out", str(tmp_path / "plots"), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "self_attn.attention_output" in done.stdout and "no recurrent mixer" in done.stdout
+    assert not (tmp_path / "plots").exists()
+
+
+def test_support_of_a_missing_folder_says_so(tmp_path):
+    done = nnterp_cli("support", str(tmp_path / "nothing-here"))
+    assert done.returncode == 2
+    assert "no folder exists at that path" in done.stderr and "Traceback" not in done.stderr
