@@ -41,7 +41,6 @@ from typing import Any, Optional
 
 import torch
 import transformers.models.qwen3_5.modeling_qwen3_5 as _reference
-
 from nnsight.intervention.source import compiled
 
 from ..core.dims import ConvState, Gates, Queries, State, Values

@@ -16,9 +16,9 @@ from types import ModuleType
 from typing import Any, Optional
 
 from ..core.errors import UnsupportedModel
-from . import llama, mamba, mamba2, qwen3_5_text
+from . import kimi_linear, llama, mamba, mamba2, olmo_hybrid, qwen3_5_moe, qwen3_5_text, qwen3_next
 
-FAMILIES: tuple[ModuleType, ...] = (llama, qwen3_5_text, mamba, mamba2)
+FAMILIES: tuple[ModuleType, ...] = (llama, qwen3_5_text, qwen3_5_moe, qwen3_next, olmo_hybrid, kimi_linear, mamba, mamba2)
 
 REGISTRY: dict[str, ModuleType] = {model_type: family for family in FAMILIES for model_type in family.MODEL_TYPES}
 

@@ -47,6 +47,7 @@ LOGIT_GAIN = 3.0
 MODEL_TYPES: tuple[str, ...] = (
     "qwen3_5_text",
     "qwen3_5",
+    "qwen3_5_moe_text",
     "qwen3_5_moe",
     "qwen3_next",
     "olmo_hybrid",
@@ -102,8 +103,11 @@ def _build_config(model_type: str) -> PreTrainedConfig:
     t = transformers
     if model_type == "qwen3_5_text":
         return t.Qwen3_5TextConfig(**_qwen3_5_text_kwargs())
-    if model_type == "qwen3_5":
+    if model_type in ("qwen3_5", "qwen3_5_moe"):
         text = _qwen3_5_text_kwargs()
+        if model_type == "qwen3_5_moe":
+            text.pop("intermediate_size")
+            text.update(_moe_kwargs())
         vision = dict(
             depth=1,
             hidden_size=32,
@@ -115,10 +119,9 @@ def _build_config(model_type: str) -> PreTrainedConfig:
             out_hidden_size=text["hidden_size"],
             num_position_embeddings=64,
         )
-        return t.Qwen3_5Config(
-            text_config=text, vision_config=vision, tie_word_embeddings=False, dtype="float32"
-        )
-    if model_type == "qwen3_5_moe":
+        composite = t.Qwen3_5Config if model_type == "qwen3_5" else t.Qwen3_5MoeConfig
+        return composite(text_config=text, vision_config=vision, tie_word_embeddings=False, dtype="float32")
+    if model_type == "qwen3_5_moe_text":
         kw = _qwen3_5_text_kwargs()
         kw.pop("intermediate_size")  # MoE text config has no dense MLP width
         return t.Qwen3_5MoeTextConfig(**kw, **_moe_kwargs())
@@ -249,10 +252,11 @@ def _build_model(config: PreTrainedConfig) -> nn.Module:
     # fork_rng: building a fixture must not perturb the caller's random stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
-        if config.model_type == "qwen3_5":
-            # The hub ships Qwen3.5 as the vision-language composite; save that
-            # layout so loaders see the real key names (model.language_model.*).
-            model = transformers.Qwen3_5ForConditionalGeneration(config)
+        if config.model_type in ("qwen3_5", "qwen3_5_moe"):
+            # The hub ships Qwen3.5 (and its MoE) as the vision-language composite;
+            # save that layout so loaders see the real key names (model.language_model.*).
+            composite = {"qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration"}
+            model = getattr(transformers, composite[config.model_type])(config)
         else:
             model = AutoModelForCausalLM.from_config(config)
     _sharpen(model, torch.Generator().manual_seed(SEED))

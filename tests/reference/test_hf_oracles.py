@@ -185,7 +185,7 @@ def test_prefix_states_match_stepwise_decode(family):
 def test_greedy_matches_generate(family):
     name, model, layer, shape, ids = family
     n = 6
-    ours = greedy(model, ids, n)
+    ours = greedy(model, ids, n, suppress_tokens=(model.config.eos_token_id,))  # as min_new_tokens does
     with torch.no_grad():
         ref = model.generate(ids, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
     assert ours.shape == (2, ids.shape[1] + n)

@@ -64,6 +64,8 @@ def test_gated_delta_rule_matches_qwen3_5_kernels(T, l2, with_h0):
     recurrent = torch_kernel(modeling_qwen3_5.torch_recurrent_gated_delta_rule)
     chunk = torch_kernel(modeling_qwen3_5.torch_chunk_gated_delta_rule)
     kw = dict(initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=l2)
+    if "repeat_interleave" not in inspect.getsource(chunk):  # up to 5.22 the mixer repeats q/k heads, not the kernel
+        q, k = q.repeat_interleave(v.shape[2] // q.shape[2], 2), k.repeat_interleave(v.shape[2] // k.shape[2], 2)
     ref_out, ref_state = recurrent(q, k, v, g, beta, **kw)
     close(out, ref_out, "gated_delta_rule output vs torch_recurrent_gated_delta_rule")
     close(states[:, -1], ref_state, "gated_delta_rule final state vs torch_recurrent_gated_delta_rule")
