@@ -10,6 +10,7 @@ writable mid-prompt and on every step of ``generate``.
 from .components.recurrent import RecurrentMixer
 from .components.chunking import chunk_per_token
 from .components.routing import route_delta_rule, route_kernels
+from .fast import fast_states
 from .core.errors import NnterpError, NotInTrace, OrderError, ReadOnlyValue, RoutingError, Unavailable, UnsupportedModel
 from .standardized import StandardizedTransformer
 from . import families
@@ -20,6 +21,7 @@ __all__ = [
     "route_kernels",
     "route_delta_rule",
     "chunk_per_token",
+    "fast_states",
     "families",
     "NnterpError",
     "NotInTrace",

@@ -16,6 +16,7 @@ position (inside the token loop or not), never written down.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
 import sys
@@ -152,10 +153,15 @@ def _missing(what: str, fn: Callable) -> str:
     )
 
 
+@functools.lru_cache(maxsize=None)
+def _signature(forward: Callable) -> inspect.Signature:
+    # Peeling the decorators parses the wrapper's source: once per forward, not once per call.
+    return inspect.signature(decorator_chain(forward)[0])
+
+
 def signature_binding(forward: Callable, module: Any, args: tuple, kwargs: dict) -> dict:
     """``{parameter: value}`` of a call of ``forward`` on ``module``."""
-    inner, _ = decorator_chain(forward)
-    bound = inspect.signature(inner).bind_partial(module, *args, **kwargs)
+    bound = _signature(forward).bind_partial(module, *args, **kwargs)
     flat = dict(bound.arguments)
     flat.update(flat.pop("kwargs", {}) or {})
     return flat

@@ -34,6 +34,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..core.dims import BATCH, KEY_DIM, MIXER_HEADS, SEQ
+from ..fast.specs import KIMI_DELTA
 from .linear_attention import LinearAttention, _argument
 
 #: ``[batch, seq, mixer_heads, key_dim]``: one log decay per key channel.
@@ -43,6 +44,7 @@ ChannelGates = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {KEY_DIM}"]
 class KimiDeltaAttention(LinearAttention):
     """Kimi-Linear's delta attention (``layer.linear_attn``): see the module docstring for what differs."""
 
+    FAST = KIMI_DELTA
     CHUNK_FUNCTION = "chunk_kimi_delta_attention"
     RECURRENT_FUNCTION = "recurrent_kimi_delta_attention"
     STATE_VARIABLE = "last_recurrent_state"

@@ -50,6 +50,8 @@ from .conv import conv_state_input, conv_state_output
 from . import kernels
 from ..core.calls import pinned
 from .recurrent import RecurrentMixer, needs_torch_kernels
+from ..fast.mixin import FastStates
+from ..fast.specs import GATED_DELTA
 
 
 def _clone(envoy: Any, state: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -96,9 +98,11 @@ def _validate_state_input(envoy: "LinearAttention", new: Any, current: Any) -> N
     check_expected("`linear_attn.state_input`", new, shape, torch.float32, args[0].device)
 
 
-class LinearAttention(RecurrentMixer):
+class LinearAttention(FastStates, RecurrentMixer):
     """A gated DeltaNet block (``layer.linear_attn``): see the module docstring for its values."""
 
+    #: The fast path (`nnterp.fast.fast_states`): states and writes from the kernel call's own arguments.
+    FAST = GATED_DELTA
     CHUNK_FUNCTION = "torch_chunk_gated_delta_rule"
     RECURRENT_FUNCTION = "torch_recurrent_gated_delta_rule"
     STATE_VARIABLE = "last_recurrent_state"

@@ -68,6 +68,8 @@ from .kernel_arguments import (
     state_input,
 )
 from .recurrent import TokenOp, needs_torch_kernels
+from ..fast.mixin import FastStates
+from ..fast.specs import SSD
 
 HeadValues = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {HEAD_DIM}"]
 GroupVectors = Float[Tensor, f"{BATCH} {SEQ} {KEY_HEADS} {STATE_SIZE}"]
@@ -90,9 +92,10 @@ def needs_per_token_chunks(envoy: Any) -> Optional[str]:
     return None
 
 
-class StateSpace(KernelArguments):
+class StateSpace(FastStates, KernelArguments):
     """A Mamba-2 mixer (``layer.linear_attn``): see the module docstring for its values."""
 
+    FAST = SSD
     CHUNK_FUNCTION = "mamba2_chunk_scan"
     RECURRENT_FUNCTION = "mamba2_selective_state_update"
     STATE_OP: Optional[str] = None

@@ -1,0 +1,126 @@
+"""Where per-token states are written: one buffer per call, from a small cache of huge-page mappings.
+
+Mental model: per-token states are big (a gated DeltaNet layer of 16 heads
+of 128x128 keeps 1 MiB per token) and the arithmetic that fills them is
+cheap, so on a CPU the first touch of a fresh buffer (one page fault per
+4 KiB, and on a VM the host backing the page) costs as much as the
+arithmetic (``docs/performance.md``). So:
+
+* the result is written in place into one buffer allocated up front, never
+  built from pieces and concatenated;
+* on Linux a large CPU buffer is an anonymous mapping advised
+  ``MADV_HUGEPAGE`` (one fault per 2 MiB instead of per 4 KiB);
+* a mapping whose tensors have all been freed is kept, up to
+  ``NNTERP_STATES_CACHE_MB`` (a third of the machine's memory by default),
+  and handed to the next call that needs as much: a sweep over prompts
+  writes its states into memory that is already mapped, as PyTorch's CUDA
+  caching allocator does for device memory. `empty_cache` drops what is
+  idle. A mapping in use is never handed out: the tensor's storage holds a
+  reference to it, which is how idleness is told.
+
+``empty_states(shape, device)`` returns an uninitialized float32 tensor;
+every element is written by the caller. ``NNTERP_HUGE_PAGES=0`` turns both
+off (``torch.empty`` everywhere).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+from math import prod
+from typing import Sequence
+
+import torch
+
+#: Buffers at least this large (bytes) come from mappings; smaller ones from torch.empty.
+THRESHOLD = 32 * 2**20
+_ALIGN = 2 * 2**20
+_THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
+#: The mappings this process keeps: in use (a storage refers to them) or idle.
+_POOL: list = []
+
+
+def _huge_pages_available() -> bool:
+    if os.environ.get("NNTERP_HUGE_PAGES", "1") == "0" or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return False
+    try:
+        with open(_THP_SETTING) as handle:
+            return "[never]" not in handle.read()
+    except OSError:
+        return False
+
+
+def _default_cache_bytes() -> int:
+    configured = os.environ.get("NNTERP_STATES_CACHE_MB")
+    if configured is not None:
+        return int(float(configured) * 2**20)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 3
+    except (ValueError, OSError, AttributeError):
+        return 4 * 2**30
+
+
+HUGE_PAGES = _huge_pages_available()
+CACHE_BYTES = _default_cache_bytes()
+
+
+def empty_states(shape: Sequence[int], device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An uninitialized tensor of ``shape`` for per-token states (see the module docstring)."""
+    device = torch.device(device)
+    numel = prod(shape)
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if device.type != "cpu" or not HUGE_PAGES or nbytes < THRESHOLD:
+        return torch.empty(tuple(shape), device=device, dtype=dtype)
+    # frombuffer holds a reference to the mapping for as long as the storage lives.
+    return torch.frombuffer(_take(nbytes), dtype=dtype, count=numel).view(tuple(shape))
+
+
+def _idle(index: int) -> bool:
+    # References: the pool's slot and getrefcount's argument; a storage using it adds one.
+    return sys.getrefcount(_POOL[index]) <= 2
+
+
+def _take(nbytes: int):
+    """An idle mapping of at least ``nbytes`` (at most twice that), or a new one."""
+    best = None
+    for index in range(len(_POOL)):
+        size = len(_POOL[index])
+        if nbytes <= size <= 2 * nbytes and _idle(index) and (best is None or size < len(_POOL[best])):
+            best = index
+    if best is not None:
+        mapping = _POOL.pop(best)
+    else:
+        size = -(-nbytes // _ALIGN) * _ALIGN
+        mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        mapping.madvise(mmap.MADV_HUGEPAGE)
+    _POOL.append(mapping)  # most recently used last
+    _trim(CACHE_BYTES)
+    return mapping
+
+
+def _trim(limit: int) -> None:
+    """Unmap the least recently used idle mappings until the idle ones hold at most ``limit`` bytes."""
+    idle = [index for index in range(len(_POOL)) if _idle(index)]
+    total = sum(len(_POOL[index]) for index in idle)
+    dropped = set()
+    for index in idle:
+        if total <= limit:
+            break
+        total -= len(_POOL[index])
+        dropped.add(index)
+    if dropped:
+        _POOL[:] = [mapping for index, mapping in enumerate(_POOL) if index not in dropped]
+
+
+def empty_cache() -> int:
+    """Unmap every idle state buffer (as ``torch.cuda.empty_cache`` does); returns the bytes released."""
+    before = sum(len(_POOL[index]) for index in range(len(_POOL)) if _idle(index))
+    _trim(0)
+    return before
+
+
+def cached_bytes() -> tuple[int, int]:
+    """``(in_use, idle)`` bytes of the state buffers this process keeps."""
+    idle = sum(len(_POOL[index]) for index in range(len(_POOL)) if _idle(index))
+    return sum(len(mapping) for mapping in _POOL) - idle, idle

@@ -1,0 +1,191 @@
+"""The state after every token of a (gated) delta rule, chunkwise, without a loop over tokens.
+
+Mental model. Per value head the state ``S`` is ``[key_dim, value_dim]``
+(rows are key channels). Token ``t`` decays it and writes a correction:
+
+    S_t = D_t S_{t-1} + k_t δ_tᵀ,   δ_t = β_t (v_t − (D_t S_{t-1})ᵀ k_t)
+
+with ``D_t = exp(g_t)`` a scalar per head (gated DeltaNet: Qwen3.5,
+Qwen3-Next, OLMo-Hybrid) or ``diag(exp(g_t))`` per key channel (Kimi delta
+attention). Inside a chunk of ``L`` tokens starting from ``S_0``, with
+``c_i = g_1 + … + g_i`` (the cumulated log decay, ≤ 0), unrolling gives
+
+    S_i = exp(c_i) S_0 + Σ_{j≤i} exp(c_i − c_j) k_j δ_jᵀ          (1)
+
+and the deltas of a chunk solve one unit-lower-triangular system (the UT
+transform of the DeltaNet papers, as in transformers'
+``torch_chunk_gated_delta_rule``):
+
+    (I + A) δ = β v − β exp(c) ⊙ (K S_0),   A_ij = β_i k_iᵀ exp(c_i − c_j) k_j  (j < i)
+
+so ``δ = U − W S_0`` with ``U``, ``W`` solved for every chunk at once. The
+only sequential part is a loop over chunks: ``δ`` of chunk ``m`` from its
+``S_0``, then (1) for all its tokens as one batched matmul written in place
+into the output, whose last token is the next chunk's ``S_0``.
+
+Numerics: every exponent is ``c_i − c_j`` with ``j ≤ i`` or ``c_i`` (both
+≤ 0, the rest masked to −∞ before ``exp``), never a positive cumulated log
+decay. Everything runs in float32. Cost: ``L`` multiply-adds per element
+of the output (``chunk_size`` trades that against the number of chunk
+iterations), plus writing the output once; see ``docs/performance.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .buffers import empty_states
+from .scan import fill_states
+
+#: Tokens per chunk of the UT transform, as transformers' chunk kernel.
+CHUNK_SIZE = 64
+
+
+def rsqrt_l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """transformers' gated-DeltaNet ``l2norm``: ``x * rsqrt(Σx² + eps)`` over the last dim."""
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def sqrt_l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """transformers' Kimi ``l2norm``: ``x / sqrt(Σx² + eps)`` (FLA's Triton order)."""
+    return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def gated_delta_states(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: Optional[torch.Tensor] = None,
+    use_qk_l2norm: bool = True,
+    chunk_size: int = CHUNK_SIZE,
+    output: bool = False,
+    out: Optional[torch.Tensor] = None,
+):
+    """The state after every token of the gated delta rule (transformers' ``torch_recurrent_gated_delta_rule``).
+
+    Args:
+        query, key: ``[batch, seq, key_heads, key_dim]``; each key head serves
+            ``value_heads // key_heads`` consecutive value heads.
+        value: ``[batch, seq, value_heads, value_dim]``.
+        g: ``[batch, seq, value_heads]``, the log decay (≤ 0).
+        beta: ``[batch, seq, value_heads]``, the write strength.
+        initial_state: ``[batch, value_heads, key_dim, value_dim]`` or ``None`` (zeros).
+        use_qk_l2norm: l2-normalize q and k (eps 1e-6) first; q is then scaled
+            by ``key_dim ** -0.5`` either way.
+        chunk_size: tokens per chunk (any length works; the last chunk may be short).
+        output: also return the kernel's output.
+        out: a float32 ``[batch, seq, value_heads, key_dim, value_dim]`` buffer
+            to write into (reused across calls, it saves the allocation).
+
+    Returns:
+        ``states [batch, seq, value_heads, key_dim, value_dim]`` (float32;
+        ``states[:, t]`` is the state after token ``t``, ``states[:, -1]`` the
+        kernel's final state), or ``(output [batch, seq, value_heads,
+        value_dim], states)`` with ``output=True``.
+    """
+    return _delta_states(query, key, value, g.float()[..., None], beta, initial_state, use_qk_l2norm, rsqrt_l2norm, chunk_size, output, out)
+
+
+def kimi_delta_states(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: Optional[torch.Tensor] = None,
+    use_qk_l2norm: bool = True,
+    chunk_size: int = CHUNK_SIZE,
+    output: bool = False,
+    out: Optional[torch.Tensor] = None,
+):
+    """The same for Kimi delta attention (transformers' ``recurrent_kimi_delta_attention``).
+
+    ``g`` is ``[batch, seq, heads, key_dim]``: a log decay per key channel,
+    so the state's row ``k`` is multiplied by ``exp(g[..., k])``. The l2 norm
+    is Kimi's (``x / sqrt(Σx² + eps)``). Other arguments and the return are
+    as in `gated_delta_states`.
+    """
+    if g.dim() != 4 or g.shape[-1] != key.shape[-1]:
+        raise ValueError(f"kimi_delta_states: g must be [batch, seq, heads, key_dim], got {tuple(g.shape)}")
+    return _delta_states(query, key, value, g.float(), beta, initial_state, use_qk_l2norm, sqrt_l2norm, chunk_size, output, out)
+
+
+def _expand(x: torch.Tensor, heads: int) -> torch.Tensor:
+    if x.shape[2] == heads:
+        return x
+    if heads % x.shape[2]:
+        raise ValueError(f"{heads} value heads is not a multiple of {x.shape[2]} key heads")
+    return x.repeat_interleave(heads // x.shape[2], dim=2)
+
+
+def _chunked(x: torch.Tensor, chunks: int, size: int) -> torch.Tensor:
+    """``[b, seq, h, d]`` -> ``[b, h, chunks, size, d]``, zero-padded at the end."""
+    b, seq, h, d = x.shape
+    x = x.transpose(1, 2)
+    pad = chunks * size - seq
+    if pad:
+        x = torch.nn.functional.pad(x, (0, 0, 0, pad))
+    return x.reshape(b, h, chunks, size, d)
+
+
+def _delta_states(query, key, value, g, beta, initial_state, use_qk_l2norm, l2norm, chunk_size, want_output, out):
+    """Shared body. ``g`` is ``[b, seq, h, 1]`` (a scalar per head) or ``[b, seq, h, key_dim]``."""
+    batch, seq, heads, v_dim = value.shape
+    k_dim = key.shape[-1]
+    shape = (batch, seq, heads, k_dim, v_dim)
+    if out is None:
+        out = empty_states(shape, value.device)
+    elif tuple(out.shape) != shape or out.dtype != torch.float32:
+        raise ValueError(f"out must be float32 {shape}, got {out.dtype} {tuple(out.shape)}")
+    query, key = (_expand(x.float(), heads) for x in (query, key))
+    if use_qk_l2norm:
+        query, key = l2norm(query), l2norm(key)
+    query = query * k_dim**-0.5
+    size = max(1, min(chunk_size, seq))
+    chunks = -(-seq // size)
+    # [b, h, chunks, L, d]; padded tokens have k = v = β = g = 0, so they write nothing.
+    q, k, v, gc = (_chunked(x, chunks, size) for x in (query, key, value.float(), g))
+    betas = _chunked(beta.float()[..., None], chunks, size)
+    cum = gc.cumsum(dim=3)  # c_i from each chunk's start, ≤ 0
+    causal = torch.ones(size, size, dtype=torch.bool, device=value.device).tril()
+    eye = torch.eye(size, dtype=torch.float32, device=value.device)
+    outputs = value.new_empty(batch, heads, chunks, size, v_dim, dtype=torch.float32) if want_output else None
+    if initial_state is None:
+        start = value.new_zeros(batch, heads, k_dim, v_dim, dtype=torch.float32)
+    else:
+        start = initial_state.to(device=value.device, dtype=torch.float32)
+    for m in range(chunks):
+        first, length = m * size, min(size, seq - m * size)
+        qm, km, vm, cm, bm = q[:, :, m], k[:, :, m], v[:, :, m], cum[:, :, m], betas[:, :, m]
+        decay, scores = _decay_and_scores(km, cm, causal)  # W ⊙ (k_i · k_j), [b, h, L, L]
+        system = (scores * bm).tril(-1) + eye
+        # The UT transform: δ = U − W S_0 for this chunk's tokens.
+        rhs = torch.cat([vm * bm, km * bm * cm.exp()], dim=-1)
+        solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+        delta = solved[..., :v_dim] - solved[..., v_dim:] @ start  # [b, h, L, dv]
+        if want_output:
+            inter = (qm * cm.exp()) @ start
+            outputs[:, :, m] = inter + _decay_and_scores(km, cm, causal, qm)[1] @ delta
+        fill_states(out, first, start, gc[:, :, m, :length], km[:, :, :length], delta[:, :, :length])
+        start = out[:, first + length - 1]  # a view: the next chunk's S_0
+    if want_output:
+        return outputs.reshape(batch, heads, chunks * size, v_dim)[:, :, :seq].transpose(1, 2), out
+    return out
+
+
+def _decay_and_scores(k, cum, causal, q=None):
+    """``W_ij = exp(c_i − c_j)`` (j ≤ i, else 0) and ``Σ_d x_i[d] W_ij[d] k_j[d]`` with ``x = q`` or ``k``.
+
+    ``cum`` is ``[b, h, L, 1]`` (one decay per head: W is ``[b, h, L, L]``) or
+    ``[b, h, L, dk]`` (per key channel: the sum runs over a ``[b, h, L, L, dk]`` product).
+    """
+    x = k if q is None else q
+    if cum.shape[-1] == 1:
+        decay = (cum[..., :, None, 0] - cum[..., None, :, 0]).masked_fill(~causal, float("-inf")).exp()
+        return decay, (x @ k.transpose(-1, -2)) * decay
+    decay = (cum[..., :, None, :] - cum[..., None, :, :]).masked_fill(~causal[..., None], float("-inf")).exp()
+    return decay, (x[..., :, None, :] * k[..., None, :, :] * decay).sum(-1)

@@ -1,0 +1,90 @@
+"""Writing the state after every token of a decayed sum of rank-one writes, in place.
+
+Mental model: gated DeltaNet, Kimi and Mamba-2 all carry, per head, a
+matrix state that each token decays and adds one outer product to:
+
+    S_t = D_t S_{t-1} + a_t b_tᵀ          S: [rows, cols]
+
+with ``D_t = exp(g_t)``, a scalar per head or one factor per row. What
+``a`` and ``b`` are differs (a DeltaNet writes ``k ⊗ δ`` once its deltas
+are known, Mamba-2 writes ``Δx ⊗ B``); once they are known, every state is
+a linear function of the start state and the writes. For a run of ``f``
+tokens starting after state ``S``, with ``c_i = g_1 + … + g_i`` (≤ 0):
+
+    S_i = exp(c_i) ⊙ S + Σ_{j≤i} exp(c_i − c_j) ⊙ a_j b_jᵀ
+
+`fill_states` writes that for ``f`` tokens at a time, straight into the
+output: one broadcast multiply for the first term, one batched matmul
+(``[rows, f] @ [f, cols]`` per token and head) added in place for the
+second, then the run's last state starts the next run. Small runs keep
+the work at ``f`` multiply-adds per state element and the run's slice of
+the output in cache between the two steps; the loop is over runs of
+tokens, each operation vectorized over batch rows, tokens and heads.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+#: Tokens per run (``f``): 4 measured fastest on CPU for 128x128 and 64x128 states.
+FILL = 4
+#: Tokens whose matmul operands are built at once (bounds the temporaries).
+BLOCK = 64
+
+
+def fill_states(out: torch.Tensor, first: int, start: torch.Tensor, g: torch.Tensor, a: torch.Tensor, b: torch.Tensor, fill: Optional[int] = None) -> None:
+    """Write the states after tokens ``first .. first + n - 1`` into ``out``.
+
+    Args:
+        out: ``[batch, seq, heads, rows, cols]`` float32, written at ``[:, first:first + n]``.
+        start: ``[batch, heads, rows, cols]``, the state before token ``first``
+            (may be a view of ``out``).
+        g: ``[batch, heads, n, 1 | rows]``, each token's log decay (≤ 0).
+        a: ``[batch, heads, n, rows]``; b: ``[batch, heads, n, cols]`` (a
+            stride-0 expansion over heads is fine): token ``j`` adds
+            ``a_j ⊗ b_j`` after the decay.
+        fill: tokens per run (`FILL` by default).
+    """
+    fill = FILL if fill is None else fill
+    n = g.shape[2]
+    for at in range(0, n, BLOCK):
+        stop = min(n, at + BLOCK)
+        _fill_block(out, first + at, start, g[:, :, at:stop], a[:, :, at:stop], b[:, :, at:stop], fill)
+        start = out[:, first + stop - 1]
+
+
+def _fill_block(out, first, start, g, a, b, fill):
+    batch, heads, n, rows = a.shape
+    cols = b.shape[-1]
+    runs = -(-n // fill)
+    pad = runs * fill - n
+    if pad:
+        # Padded tokens write nothing and do not decay; their states are never stored.
+        g, a, b = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (g, a, b))
+    # [batch, heads, runs, fill, ...]
+    g, a, b = (x.reshape(batch, heads, runs, fill, x.shape[-1]) for x in (g, a, b))
+    cum = g.cumsum(dim=3)
+    causal = torch.ones(fill, fill, dtype=torch.bool, device=g.device).tril()
+    if cum.shape[-1] == 1:
+        weight = (cum[..., :, None, 0] - cum[..., None, :, 0]).masked_fill(~causal, float("-inf")).exp()  # [B,H,R,i,j]
+        # left[B, R, i, H, rows, j] = W_ij a_j
+        left = weight.permute(0, 2, 3, 1, 4)[..., None, :] * a.transpose(-1, -2).permute(0, 2, 1, 3, 4)[:, :, None]
+    else:
+        weight = (cum[..., :, None, :] - cum[..., None, :, :]).masked_fill(~causal[..., None], float("-inf")).exp()  # [B,H,R,i,j,rows]
+        left = (weight * a[:, :, :, None]).permute(0, 2, 3, 1, 5, 4)
+    left = left.contiguous()
+    # right[B, R, i, H, j, cols] = b_j, the same for every i of a run
+    right = b.permute(0, 2, 1, 3, 4)[:, :, None].expand(batch, runs, fill, heads, fill, cols).contiguous()
+    scale = cum.exp().permute(0, 2, 3, 1, 4)[..., None]  # [B, R, i, H, 1|rows, 1]
+    for run in range(runs):
+        at = first + run * fill
+        length = min(fill, n - run * fill)
+        target = out[:, at:at + length]
+        for row in range(batch):
+            # One batch row of a run is contiguous in out: the matmul adds into it in place.
+            view = target[row]
+            torch.mul(scale[row, run, :length], start[row, None], out=view)
+            view.view(-1, rows, cols).baddbmm_(left[row, run, :length].view(-1, rows, fill), right[row, run, :length].view(-1, fill, cols))
+        start = out[:, at + length - 1]

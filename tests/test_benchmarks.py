@@ -1,0 +1,52 @@
+"""The benchmark runner at tiny sizes: what it measures is right (not how fast it is)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import run
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bench")
+    out = folder / "performance.md"
+    found = run.main([
+        "--tiny", "--lengths", "8", "20", "--reps", "1", "--long-reps", "1",
+        "--tl", "off", "--cache-dir", str(folder / "models"), "--out", str(out),
+    ])
+    return found, out.read_text()
+
+
+def test_fast_and_routed_states_it_times_are_equal(results):
+    found, _ = results
+    for name in ("gated_deltanet", "mamba2"):
+        for length, data in found["families"][name]["lengths"].items():
+            checks = data["checks"]
+            assert checks["states_fast_vs_routed"] < 1e-5, (name, length)
+            assert checks["write_fast_vs_routed"] < 1e-4, (name, length)
+            assert checks["states_bytes"] > 0
+
+
+def test_every_family_times_its_calls_against_the_plain_forward(results):
+    found, _ = results
+    for name, family in found["families"].items():
+        for length, data in family["lengths"].items():
+            rows = data["rows"]
+            assert rows["plain forward"]["ratio"] == pytest.approx(1.0)
+            expected = {"nnsight trace, reading nothing", "layer_output of every layer", "state_output of every recurrent layer", "states, routed"}
+            if family["fast"]:
+                expected |= {"states, fast path", "set_state_after(mid), fast path"}
+            assert expected <= set(rows), (name, length)
+        assert family["generate"]["rows"]["generate, plain"]["ratio"] == pytest.approx(1.0)
+    assert not found["families"]["mamba"]["fast"], "Mamba-1 has no fast path"
+
+
+def test_the_report_carries_the_command_the_machine_and_the_targets(results):
+    found, text = results
+    assert found["command"].startswith("python benchmarks/run.py --tiny") and found["command"] in text
+    assert "* Machine: " in text and "thread" in text
+    for heading in ("## Gated DeltaNet hybrid", "## Mamba-1", "## Mamba-2", "## Targets"):
+        assert heading in text
+    assert "| states, fast path |" in text and "TransformerLens" in text
+    assert any(target.startswith("generate reading state_output") for target, *_ in found["targets"])
