@@ -109,6 +109,16 @@ REAL = {
         dict(hidden_size=2560, num_hidden_layers=64, state_size=16, expand=2, conv_kernel=4),
         "the Mamba paper's 2.8B model (64 layers, d_model 2560, N 16, expansion 2, width-4 convolution)",
     ),
+    "mamba2": (
+        "AntonV/mamba2-130m-hf",
+        "Mamba2Config",
+        dict(
+            hidden_size=768, num_hidden_layers=24, num_heads=24, head_dim=64, state_size=128,
+            n_groups=1, expand=2, conv_kernel=4, chunk_size=256,
+        ),
+        "the Mamba-2 paper's 130M model (24 layers, d_model 768, expansion 2, head dim 64 so 24 heads, "
+        "N 128, one group) and the chunk size the spec's support message names (256)",
+    ),
 }
 
 

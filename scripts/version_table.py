@@ -144,7 +144,7 @@ def render(results: dict[str, dict], registry: dict[str, dict]) -> str:
         "",
         "Every registered family against every supported transformers release: the contract suite",
         "(`tests/test_contract.py`), the recurrent component suites (`tests/components/`), the family",
-        "suites (`tests/families/`) and the oracles' own tests (`tests/reference/`), each run by",
+        "suites (`tests/families/`), the fast path's (`tests/fast/`) and the oracles' own tests (`tests/reference/`), each run by",
         "`scripts/test_transformers_version.sh RELEASE` in that release's own virtual environment",
         "(torch 2.13.0 CPU, nnsight 0.8.1). A cell is `pass (n)` when all `n` tests credited to the",
         "family passed on that release (how tests are credited: `scripts/version_table.py`).",
