@@ -59,10 +59,15 @@ class TokenOp:
 
 
 def needs_torch_kernels(envoy: Any) -> Optional[str]:
-    """Why a recurrent mixer's kernel values are unavailable: the kernel has no Python source to read inside."""
+    """Why a recurrent mixer's kernel values are unavailable: the kernel has no Python source to read inside.
+
+    The scan's kernels first, then the short convolution's: a compiled
+    convolution (causal-conv1d) makes the same values unavailable, since its
+    package refuses the run that would serve them until the family is routed.
+    """
     modeling = kernels.modeling_of(envoy._module)
     cls = type(envoy)
-    for name in (cls.CHUNK_FUNCTION, cls.RECURRENT_FUNCTION):
+    for name in (cls.CHUNK_FUNCTION, cls.RECURRENT_FUNCTION, *cls.CONV_FUNCTIONS):
         reason = kernels.optimized(modeling.__dict__.get(name))
         if reason is not None:
             return reason

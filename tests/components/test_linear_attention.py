@@ -393,6 +393,33 @@ def test_an_optimized_kernel_makes_kernel_values_unavailable(model):
     assert model.support()["linear_attn.attention_queries"] is None
 
 
+def test_a_compiled_convolution_makes_kernel_values_unavailable_until_routed(model):
+    modeling = model.family.MODELING
+    dispatcher = modeling.causal_conv1d_fn
+    cell = dispatcher.__closure__[dispatcher.__code__.co_freevars.index("implementation")]
+    torch_function = cell.cell_contents
+
+    def stand_in(*args, **kwargs):  # plays causal-conv1d's CUDA kernel
+        return torch_function(*args, **kwargs)
+
+    cell.cell_contents = stand_in
+    try:
+        support = model.support()
+        reason = support["linear_attn.states"][0]
+        assert "optimized kernel (causal_conv1d)" in reason and "route_kernels" in reason
+        assert support["linear_attn.attention_queries"][0] == reason
+        with pytest.raises(Unavailable) as raised:
+            model.layers[0].linear_attn.states
+        assert raised.value.reason == reason
+        with nnterp.route_kernels(model.family, "torch"):
+            assert model.support()["linear_attn.states"] is None
+            with torch.no_grad(), model.trace(PROMPT):
+                states = model.layers[0].linear_attn.states.save()
+        assert states.shape[1] == len(model.tokenizer(PROMPT).input_ids)
+    finally:
+        cell.cell_contents = torch_function
+
+
 def test_traces_leave_weights_bindings_and_config_as_they_were(model, ids):
     modeling = model.family.MODELING
     weights = {name: p.detach().clone() for name, p in model._module.state_dict().items()}
