@@ -52,8 +52,6 @@ HUB = {
     "state-spaces/mamba-130m-hf": "mamba",
     "AntonV/mamba2-130m-hf": "mamba2",
 }
-#: Hub id -> why a block using it may still fail (a component being built); such a block xfails.
-PENDING: dict[str, str] = {}
 
 SKIP_MARKS = ("(real weights)", "(real checkpoint)")
 EXACT_MARK = "(exact)"
@@ -250,7 +248,6 @@ def run_page(path: Path) -> None:
             where = f"{relative}:{start}"
             unknown = _unknown_hub_ids(code)
             assert not unknown, f"{where}: hub ids {unknown} have no tiny checkpoint: add them to HUB in tests/test_docs.py"
-            pending = [reason for hub_id, reason in PENDING.items() if hub_id in code]
             expected = expected_prints(code)
             printed: dict[int, list] = {}
             for line in {n.lineno for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Name) and n.id == "print"}:
@@ -259,16 +256,9 @@ def run_page(path: Path) -> None:
             source = "\n" * (start - 1) + rewrite(code, paths)
             filename = f"<docs {relative} #{next(_COUNTER)}>"
             linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-            try:
-                exec(compile(source, filename, "exec"), namespace)
-            except Exception:
-                if pending:
-                    pytest.xfail(f"{where}: {pending[0]}")
-                raise
+            exec(compile(source, filename, "exec"), namespace)
             # Blocks shift print lines by their start: report page lines.
             failures = check_outputs(relative, {start - 1 + k: v for k, v in expected.items()}, {start - 1 + k: v for k, v in printed.items()})
-            if failures and pending:
-                pytest.xfail(f"{where}: {pending[0]}")
             assert not failures, "\n".join(failures)
     finally:
         _restore_kernels()

@@ -1,5 +1,10 @@
 """LinearAttention (gated DeltaNet) against oracles that do not use nnterp.
 
+The oracle checks every gated-DeltaNet family shares (states per prefix, the
+paper recurrence, writes mid-prompt and on decode steps) run for Qwen3.5 in
+tests/families/test_qwen3_5_text.py; this file holds what the base and the
+DeltaNet add on one family: ordering, routing, generate steps, errors.
+
 The oracles: transformers' own cache after a plain forward over each prefix;
 a plain forward continued token by token from a replaced cached state; a plain
 greedy loop with a state replaced before a decode step; the gated delta rule
@@ -15,8 +20,9 @@ from transformers import AutoModelForCausalLM
 import nnterp
 from nnterp import NnterpError, OrderError, RoutingError, Unavailable
 from nnterp.components.routing import STASH
+from tests.families.gdn import donor_state, greedy, recurrent_layers
+from tests.families.standins import compiled_kernels
 from tests.reference import hf_oracles as hf
-from tests.reference.recurrences import gated_delta_rule
 
 PROMPT = "The Eiffel Tower is in the city of"
 OTHER = "My favourite food is pizza with"
@@ -44,34 +50,10 @@ def routed(model):
         yield model
 
 
-def linear_layers(model):
-    return [i for i, layer in enumerate(model.layers) if layer.linear_attn is not None]
-
-
-def greedy(plain, ids, new, patch=None):
-    """The plain greedy loop, never choosing EOS (generate is run with min_new_tokens)."""
-    return hf.greedy(plain, ids, new, patch=patch, suppress_tokens=(plain.config.eos_token_id,))
-
-
-def donor_state(model, layer, scale=3.0, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    mix = model.layers[layer].linear_attn
-    shape = (1, mix._module.num_v_heads, mix._module.head_k_dim, mix._module.head_v_dim)
-    return scale * torch.randn(shape, generator=generator)
+linear_layers = recurrent_layers
 
 
 # -- the state after every token --------------------------------------------------
-
-
-@pytest.mark.parametrize("layer", [0, 2])
-def test_states_equal_the_cache_after_each_prefix(routed, plain, ids, layer):
-    mix = routed.layers[layer].linear_attn
-    with torch.no_grad(), routed.trace(ids):
-        states = mix.states.save()
-        final = mix.state_output.save()
-    expected = hf.prefix_states(plain, ids, layer)
-    torch.testing.assert_close(states, expected, rtol=1e-5, atol=1e-6, msg="states vs HF cache per prefix")
-    assert torch.equal(states[:, -1], final)
 
 
 def test_states_of_a_left_padded_batch_are_each_prompts(routed, plain):
@@ -86,19 +68,6 @@ def test_states_of_a_left_padded_batch_are_each_prompts(routed, plain):
         torch.testing.assert_close(states[row, pad:], expected, rtol=1e-4, atol=1e-5, msg=f"row {row}")
         assert torch.count_nonzero(states[row, :pad]) == 0, "a padding position carries no state"
     assert width - rows[1].shape[1] > 0, "the second prompt is the padded one"
-
-
-def test_kernel_arguments_reproduce_states_through_the_paper_recurrence(routed):
-    mix = routed.layers[0].linear_attn
-    with torch.no_grad(), routed.trace(PROMPT):
-        q, k, v = mix.attention_queries.save(), mix.attention_keys.save(), mix.attention_values.save()
-        beta, g = mix.betas.save(), mix.decays.save()
-        states = mix.states.save()
-        out = mix.source.torch_chunk_gated_delta_rule_0.output[0].save()
-    outputs, expected = gated_delta_rule(q, k, v, g, beta)
-    torch.testing.assert_close(states, expected, rtol=1e-4, atol=1e-5, msg="states")
-    torch.testing.assert_close(out, outputs, rtol=1e-4, atol=1e-5, msg="kernel output")
-    assert (g <= 0).all() and ((beta > 0) & (beta < 1)).all()
 
 
 def test_state_iterates_over_tokens_with_tracer_iter(routed, ids):
@@ -174,20 +143,6 @@ def test_unrouted_states_say_why_and_support_says_the_same(model):
 
 
 # -- writing the state --------------------------------------------------------------
-
-
-@pytest.mark.parametrize("T", [0, 3, -2])
-def test_set_state_after_continues_like_a_replaced_cache(routed, plain, ids, T):
-    layer = 1
-    value = donor_state(routed, layer)
-    with torch.no_grad(), routed.trace(ids):
-        routed.layers[layer].linear_attn.set_state_after(T, value)
-        probs = routed.next_token_probs.save()
-    with torch.no_grad():
-        expected = torch.softmax(hf.continue_from_state(plain, ids, T % ids.shape[1], layer, value), -1)
-        clean = torch.softmax(plain(ids).logits[:, -1], -1)
-    torch.testing.assert_close(probs, expected, rtol=1e-4, atol=1e-6)
-    assert not torch.allclose(probs, clean, atol=1e-3), "the patch changes the prediction"
 
 
 def test_reads_bracket_a_write_in_forward_order(routed, ids):
@@ -300,25 +255,6 @@ def test_state_input_on_a_decode_step_is_the_previous_output_copied(routed, ids)
     assert not torch.equal(ins[1], outs[1]), "a copy, not the cache's buffer the step overwrites"
 
 
-@pytest.mark.parametrize("step", [1, 2])
-def test_assigning_state_input_on_a_decode_step_generates_like_hf(model, plain, ids, step):
-    layers = linear_layers(model)
-    donors = {layer: donor_state(model, layer, scale=20.0, seed=layer) for layer in layers}
-    with torch.no_grad(), model.generate(ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False) as tracer:
-        for _ in tracer.iter[step]:
-            for layer in layers:
-                model.layers[layer].linear_attn.state_input = donors[layer]
-        patched = tracer.result.save()
-
-    def patch(at, cache):
-        if at == step:
-            for layer in layers:
-                hf.set_recurrent_state(cache, layer, donors[layer])
-
-    assert torch.equal(patched, greedy(plain, ids, NEW, patch=patch))
-    assert not torch.equal(patched, greedy(plain, ids, NEW)), "the patch changes the continuation"
-
-
 def test_assigning_state_output_of_the_prompt_is_what_the_first_step_continues_from(model, plain, ids):
     layers = linear_layers(model)
     donors = {layer: donor_state(model, layer, scale=20.0, seed=layer) for layer in layers}
@@ -362,62 +298,31 @@ def test_convolution_windows_follow_the_cache_and_a_written_one_is_convolved(mod
 # -- optimized kernels, and what a trace leaves behind --------------------------------------
 
 
-def test_an_optimized_kernel_makes_kernel_values_unavailable(model):
-    modeling = model.family.MODELING
-    dispatcher = modeling.torch_chunk_gated_delta_rule
-    cell = dispatcher.__closure__[dispatcher.__code__.co_freevars.index("implementation")]
-    torch_function = cell.cell_contents
-
-    def stand_in(*args, **kwargs):  # plays flash-linear-attention's compiled kernel
-        return torch_function(*args, **kwargs)
-
-    cell.cell_contents = stand_in
-    try:
+@pytest.mark.parametrize(
+    "kernel, package",
+    [("torch_chunk_gated_delta_rule", "fla"), ("causal_conv1d_fn", "causal_conv1d")],
+    ids=["flash-linear-attention", "causal-conv1d"],
+)
+def test_a_compiled_kernel_makes_kernel_values_unavailable_until_routed(model, kernel, package):
+    with compiled_kernels(model.family.MODELING, [kernel]):
         support = model.support()
         reason = support["linear_attn.attention_queries"][0]
-        assert "optimized kernel (fla)" in reason and "route_kernels" in reason
+        assert f"optimized kernel ({package})" in reason and "route_kernels" in reason
         assert support["linear_attn.states"][0] == reason
         assert support["linear_attn.attention_output"] is None  # the module's own output needs no kernel source
         with pytest.raises(Unavailable) as raised:  # said before anything runs
-            model.layers[0].linear_attn.attention_queries
+            model.layers[0].linear_attn.states
         assert raised.value.reason == reason
-        # Triton's kernel refuses CPU tensors: the trace refuses first, naming the fix.
+        # The compiled kernel refuses CPU tensors: the trace refuses first, naming the fix.
         with pytest.raises(RoutingError, match=r"route_kernels\(model.family, 'torch'\)"):
             with model.trace(PROMPT):
                 model.layers[0].linear_attn.attention_output.save()
-        with nnterp.route_kernels(model.family, "torch"), torch.no_grad(), model.trace(PROMPT):
-            queries = model.layers[0].linear_attn.attention_queries.save()
-        assert queries.shape[-1] == model.layers[0].linear_attn._module.head_k_dim
-    finally:
-        cell.cell_contents = torch_function
-    assert model.support()["linear_attn.attention_queries"] is None
-
-
-def test_a_compiled_convolution_makes_kernel_values_unavailable_until_routed(model):
-    modeling = model.family.MODELING
-    dispatcher = modeling.causal_conv1d_fn
-    cell = dispatcher.__closure__[dispatcher.__code__.co_freevars.index("implementation")]
-    torch_function = cell.cell_contents
-
-    def stand_in(*args, **kwargs):  # plays causal-conv1d's CUDA kernel
-        return torch_function(*args, **kwargs)
-
-    cell.cell_contents = stand_in
-    try:
-        support = model.support()
-        reason = support["linear_attn.states"][0]
-        assert "optimized kernel (causal_conv1d)" in reason and "route_kernels" in reason
-        assert support["linear_attn.attention_queries"][0] == reason
-        with pytest.raises(Unavailable) as raised:
-            model.layers[0].linear_attn.states
-        assert raised.value.reason == reason
         with nnterp.route_kernels(model.family, "torch"):
             assert model.support()["linear_attn.states"] is None
             with torch.no_grad(), model.trace(PROMPT):
                 states = model.layers[0].linear_attn.states.save()
         assert states.shape[1] == len(model.tokenizer(PROMPT).input_ids)
-    finally:
-        cell.cell_contents = torch_function
+    assert model.support()["linear_attn.attention_queries"] is None
 
 
 def test_traces_leave_weights_bindings_and_config_as_they_were(model, ids):
