@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 import nnterp
 from nnterp import NnterpError, OrderError, RoutingError, Unavailable
 from nnterp.components.routing import STASH
-from tests.families.gdn import donor_state, greedy, recurrent_layers
+from tests.families.gdn import donor_state, greedy, ids, model, plain, recurrent_layers, routed  # noqa: F401  (fixtures)
 from tests.families.standins import compiled_kernels
+from tests.families.steps import assert_generate_steps_read_their_own_call
 from tests.reference import hf_oracles as hf
 
 PROMPT = "The Eiffel Tower is in the city of"
@@ -30,24 +30,8 @@ NEW = 4
 
 
 @pytest.fixture(scope="module")
-def model(load):
-    return load("qwen3_5_text")
-
-
-@pytest.fixture(scope="module")
-def plain(checkpoint):
-    return AutoModelForCausalLM.from_pretrained(checkpoint("qwen3_5_text")).eval()
-
-
-@pytest.fixture(scope="module")
-def ids(model):
-    return model.tokenizer(PROMPT, return_tensors="pt").input_ids
-
-
-@pytest.fixture
-def routed(model):
-    with nnterp.route_kernels(model.family, "torch"):
-        yield model
+def model_type():
+    return "qwen3_5_text"
 
 
 linear_layers = recurrent_layers
@@ -203,19 +187,8 @@ def test_states_is_read_only(routed):
 # -- generate -----------------------------------------------------------------------------
 
 
-def test_seqs_and_firsts_under_generate(routed, ids):
-    mix = routed.layers[0].linear_attn
-    seqs, firsts, stacks, outs = [], [], [], []
-    with torch.no_grad(), routed.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False) as tracer:
-        for step in tracer.iter[:3]:
-            op, first, seq = mix._token_op()
-            seqs.append(seq)
-            firsts.append(first)
-            stacks.append(mix.states.save())
-            outs.append(mix.state_output.save())
-    assert seqs == [ids.shape[1], 1, 1]
-    assert firsts == [0, 0, 1]
-    assert torch.equal(stacks[2][:, 0], outs[2]) and not torch.equal(stacks[2][:, 0], outs[1])
+def test_seqs_and_firsts_under_generate(routed):
+    assert_generate_steps_read_their_own_call(routed, routed.layers[0].linear_attn)
 
 
 @pytest.mark.parametrize("first_read", ["state_output", "state_input", "states", "layer_output"])

@@ -22,6 +22,7 @@ import torch
 import nnterp
 from nnterp import NnterpError, OrderError, RoutingError, Unavailable
 from tests.families.selective_scan import OTHER, PROMPT, TOL, MambaFixtures
+from tests.families.steps import assert_generate_steps_read_their_own_call
 from tests.reference import hf_oracles as hf
 from tests.reference.recurrences import ssd
 
@@ -156,20 +157,7 @@ class SSDSuite(MambaFixtures):
         torch.testing.assert_close(states, expected, **TOL)
 
     def test_generate_steps_each_read_their_own_call(self, per_token):
-        mix = per_token.layers[0].linear_attn
-        with torch.no_grad(), per_token.trace("Hello world there"):
-            prompt_states = mix.states.save()
-        firsts, seqs, stacks, outs = [], [], [], []
-        with torch.no_grad(), per_token.generate("Hello world there", max_new_tokens=3, min_new_tokens=3, do_sample=False) as tracer:
-            for step in tracer.iter[:3]:
-                op, first, seq = mix._token_op()
-                seqs.append(seq)
-                firsts.append(first)
-                stacks.append(mix.states.save())
-                outs.append(mix.state_output.save())
-        assert seqs == [prompt_states.shape[1], 1, 1] and firsts == [0, 0, 1]
-        assert torch.equal(stacks[0], prompt_states)
-        assert torch.equal(stacks[2][:, 0], outs[2]) and not torch.equal(stacks[2][:, 0], outs[1])
+        assert_generate_steps_read_their_own_call(per_token, per_token.layers[0].linear_attn)
 
     def test_a_decode_step_serves_one_token_per_head_and_a_write_reaches_its_update(self, model):
         mix = model.layers[1].linear_attn
