@@ -6,10 +6,6 @@ tokenizer) under a cache folder, then loaded twice: a plain transformers
 model (the baseline every ratio divides by) and a `StandardizedTransformer`
 (what nnterp users trace). `methods` returns, per prompt length, the calls
 to time; `checks` computes once, untimed, what they are supposed to agree on.
-
-Until the components carry `nnterp.fast.FastStates`, the standardized model
-is loaded with each mixer component swapped for a subclass that mixes it in
-(`fast_component`); once wired, the component is used as it is.
 """
 
 from __future__ import annotations
@@ -22,8 +18,8 @@ import torch
 
 import nnterp
 from nnterp import StandardizedTransformer
-from nnterp.fast import GATED_DELTA, SSD, empty_cache, fast_states
-from nnterp.fast import fast_component as nnterp_fast_component
+from nnterp import fast_states
+from nnterp.fast import empty_cache
 
 from .timing import Method
 
@@ -68,29 +64,12 @@ def build(name: str, config: Any, cache_dir: Path) -> Path:
     return folder
 
 
-def fast_component(component: type) -> type:
-    """``component`` with `nnterp.fast`'s path (`nnterp.fast.fast_component`), where it has a kernel spec."""
-    spec = {"StateSpace": SSD, "LinearAttention": GATED_DELTA}.get(component.__name__)
-    if getattr(component, "FAST", None) is None and spec is None:
-        return component
-    return nnterp_fast_component(component, spec)
-
-
 def load(folder: Path) -> tuple:
     """``(plain transformers model, StandardizedTransformer)`` of one saved folder, eval mode, float32."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from nnterp.families import family_for
+    from transformers import AutoModelForCausalLM
 
     plain = AutoModelForCausalLM.from_pretrained(folder).eval()
-    family = family_for(AutoConfig.from_pretrained(folder))
-    original = dict(family.COMPONENTS)
-    family.COMPONENTS.update({cls: fast_component(component) for cls, component in original.items()})
-    try:
-        model = StandardizedTransformer(str(folder), dispatch=True, device="cpu")
-    finally:
-        family.COMPONENTS.clear()
-        family.COMPONENTS.update(original)
+    model = StandardizedTransformer(str(folder), dispatch=True, device="cpu")
     model._module.eval()
     return plain, model
 

@@ -8,9 +8,8 @@ writable mid-prompt and on every step of ``generate``.
 """
 
 from .components.recurrent import RecurrentMixer
-from .components.chunking import chunk_per_token
-from .components.routing import route_delta_rule, route_kernels
-from .fast import fast_states
+from .recurrent.routing import route_delta_rule, route_kernels
+from .recurrent.settings import chunk_per_token, fast_states
 from .core.errors import NnterpError, NotInTrace, OrderError, ReadOnlyValue, RoutingError, Unavailable, UnsupportedModel
 from .standardized import StandardizedTransformer
 from . import families

@@ -27,7 +27,7 @@ import torch
 from nnsight import TransformersModel
 from torch._guards import detect_fake_mode
 
-from .components.routing import refused_device
+from .recurrent.routing import refused_device
 from .core.dims import Logits, Probs
 from .core.errors import NnterpError, RoutingError
 from .core.values import DerivedEProperty, EProperty

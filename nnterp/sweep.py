@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
 
-from .components.routing import route_kernels
+from .recurrent.routing import route_kernels
 from .core.errors import NnterpError
 
 __all__ = ["SweepResult", "patch_sweep", "per_token_states"]
@@ -81,17 +81,17 @@ def per_token_states(model: Any) -> Iterator[None]:
 
     Routes the family through transformers' token-by-token kernel
     (``route_kernels(model.family, "torch")``, process-wide) and, where a
-    Mamba-2 mixer still scans in chunks, sets its chunk size to 1
-    (``chunk_per_token(model)``, this model only). A chunk size already set
-    to 1 is left as it is, so the caller's own setting survives the exit.
+    Mamba-2 mixer still scans in chunks, makes every token a boundary
+    (``chunk_per_token(model)``, this model only). A setting the caller made
+    is left as it is, and restored on exit.
     """
-    from .components.chunking import chunk_per_token
     from .components.state_space import StateSpace
+    from .recurrent.settings import chunk_per_token, per_token_setting
 
     with ExitStack() as stack:
         stack.enter_context(route_kernels(model.family, "torch"))
         mixers = [getattr(layer, "linear_attn", None) for layer in model.layers]
-        if any(isinstance(m, StateSpace) and m._module.chunk_size != 1 for m in mixers):
+        if any(isinstance(m, StateSpace) and per_token_setting(m) != "chunks" for m in mixers):
             stack.enter_context(chunk_per_token(model))
         yield
 

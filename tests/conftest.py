@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nnterp import StandardizedTransformer
-from nnterp.components.routing import STASH
+from nnterp.recurrent.kernels import STASH
 from nnterp.families import FAMILIES
 from nnterp.testing import tiny_checkpoint
 

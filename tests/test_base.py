@@ -13,8 +13,9 @@ import torch
 
 import nnterp
 from nnterp import RoutingError
-from nnterp.components import kernels
-from nnterp.components.routing import STASH, refused_device
+from nnterp.recurrent import kernels
+from nnterp.recurrent.kernels import STASH
+from nnterp.recurrent.routing import refused_device
 from nnterp.core.calls import mediator, per_call, pinned
 from nnterp.families import FAMILIES
 from tests.families.standins import compiled_kernels, mixer_kernels

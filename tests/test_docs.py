@@ -38,7 +38,7 @@ from typing import Optional
 import pytest
 
 import nnterp
-from nnterp.components.routing import STASH
+from nnterp.recurrent.kernels import STASH
 from nnterp.families import FAMILIES
 from nnterp.testing import tiny_checkpoint
 

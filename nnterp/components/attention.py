@@ -11,18 +11,7 @@ from __future__ import annotations
 
 from ..core.dims import Hidden
 from ..core.standard import Standard
-from ..core.values import EProperty, Unwrap, check_tensor
-
-
-def unwrapped_output(description: str) -> EProperty:
-    """The module's own output, unwrapped from a tuple and rewrapped on write."""
-    return EProperty(
-        "output",
-        select=Unwrap(),
-        description=description,
-        validate=lambda envoy, new, current: check_tensor(f"`{envoy.KIND}.attention_output`", new, current),
-        annotation=Hidden,
-    )
+from ..core.values import module_output
 
 
 class Attention(Standard):
@@ -30,4 +19,4 @@ class Attention(Standard):
 
     KIND = "self_attn"
 
-    attention_output = unwrapped_output("the block's output, [batch, seq, hidden]")
+    attention_output = module_output("the block's output, [batch, seq, hidden]", Hidden)

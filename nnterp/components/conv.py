@@ -80,6 +80,7 @@ def conv_state_input() -> DerivedEProperty:
         assign=_assign_entering,
         description="the convolution window entering this call (None on a fresh prompt), [batch, conv_channels, conv_width]",
         annotation=ConvState,
+        none_on_fresh_prompt=True,
     )
 
 

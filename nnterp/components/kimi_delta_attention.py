@@ -29,13 +29,13 @@ value_dim]``, float32.
 
 from __future__ import annotations
 
-import transformers.models.kimi_linear.modeling_kimi_linear as _reference
 from jaxtyping import Float
 from torch import Tensor
 
 from ..core.dims import BATCH, KEY_DIM, MIXER_HEADS, SEQ
 from ..fast.specs import KIMI_DELTA
-from .linear_attention import LinearAttention, _argument
+from .linear_attention import LinearAttention
+from .recurrent import kernel_argument
 
 #: ``[batch, seq, mixer_heads, key_dim]``: one log decay per key channel.
 ChannelGates = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {KEY_DIM}"]
@@ -44,16 +44,16 @@ ChannelGates = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {KEY_DIM}"]
 class KimiDeltaAttention(LinearAttention):
     """Kimi-Linear's delta attention (``layer.linear_attn``): see the module docstring for what differs."""
 
+    REFERENCE = "transformers.models.kimi_linear.modeling_kimi_linear.KimiLinearDeltaAttention"
     FAST = KIMI_DELTA
     CHUNK_FUNCTION = "chunk_kimi_delta_attention"
     RECURRENT_FUNCTION = "recurrent_kimi_delta_attention"
-    STATE_VARIABLE = "last_recurrent_state"
     #: Inside the token loop, the variable holding a token's per-channel decay factors.
     DECAY_VARIABLE = "g_i"
     #: One head count for queries, keys and values: nothing repeats heads.
     GROUPED_HEADS = False
 
-    decays = _argument(
+    decays = kernel_argument(
         "g",
         "the log decay g ≤ 0 of each key channel (row i of the state is multiplied by exp(g[..., i])), "
         "[batch, seq, mixer_heads, key_dim]",
@@ -70,6 +70,3 @@ class KimiDeltaAttention(LinearAttention):
             "conv_channels": module.conv_dim,
             "conv_width": module.conv_kernel_size,
         }
-
-
-KimiDeltaAttention.resolve(_reference.KimiLinearDeltaAttention)

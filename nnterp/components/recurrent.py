@@ -5,12 +5,18 @@ through a kernel function the modeling module calls: one kernel for a prompt,
 another for a one-token step over a cached state (a decode step of
 ``generate``), picked by the forward's own test. Its values are the arguments
 and results of that call. What differs between mixers is which arguments mean
-what; what they share is how the call is found, which kernel names must be
-transformers' pure-torch ones for there to be a call to read inside, how the
-family's kernels are rebound (`route_kernels`), and, when the token-by-token
-kernel materializes it, the state after every token. That shared part is
-`RecurrentMixer`; a subclass (`LinearAttention`, `SelectiveScan`,
-`StateSpace`) names its kernels in class constants and declares its values.
+what (a signature table per kernel, `nnterp.recurrent.arguments`) and how a
+state is written inside a call; what they share is here: which kernel fires
+(`KERNEL`, once per call), the per-call record (`nnterp.recurrent.call`), the
+state entering and leaving the call, and the state after every token,
+declared once and served by the strategy `nnterp.recurrent.per_token`
+chooses for this mixer of this model.
+
+A subclass (`LinearAttention`, `KimiDeltaAttention`, `SelectiveScan`,
+`StateSpace`) names its kernels and its reference HF class in class constants,
+its signature tables, and declares its values. The labels
+(``CHUNK_KERNEL``, ``STATE_OP``, ...) are found in the installed release's
+source (`nnterp.recurrent.labels`), per HF mixer class; no class is mutated.
 
 Conventions, stated once: ``seq`` is the tokens of *this call* (the prompt, or
 the one token of a decode step), and every per-token position ``t`` counts
@@ -29,167 +35,157 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 import torch
-
-from ..core.calls import mediator, per_call, pinned
-from ..core.dims import State, States
-from ..core.errors import NnterpError, OrderError, Unavailable
-from ..core.standard import Standard
 from nnsight.intervention.interleaver import Mediator
 
-from ..core.values import DerivedEProperty, EProperty, Key, check_expected, replace_in
-from . import kernels
-from .attention import unwrapped_output
-from .routing import route_delta_rule, route_kernels  # noqa: F401  (documented here)
+from ..core.calls import mediator, per_call, pinned  # noqa: F401  (per_call, pinned: documented here)
+from ..core.dims import Hidden, State, States
+from ..core.errors import NnterpError, Unavailable
+from ..core.standard import Standard
+from ..core.values import DerivedEProperty, Key, check_expected, check_tensor, module_output, replace_in, select_from
+from ..fast.specs import FastSpec
+from ..recurrent import arguments
+from ..recurrent.call import KERNEL_RAN, Call
+from ..recurrent.kernels import modeling_of, needs_torch_kernels, original_body, signature_binding
+from ..recurrent.labels import Label, cache_test, call_label, state_label
+from ..recurrent.per_token import iteration_strategy, strategy_for
+from ..recurrent.per_token.loop import TOKEN_LOOP, TokenOp, needs_recurrent_routing
+from ..recurrent.routing import route_delta_rule, route_kernels, track  # noqa: F401  (documented here)
+
+__all__ = [
+    "RecurrentMixer", "kernel", "needs_torch_kernels", "needs_recurrent_routing", "route_kernels",
+    "route_delta_rule", "per_call", "pinned",
+]
+
+_NO_CACHE = (
+    "this call runs without a cache, so its kernel returns no final state: run it with use_cache=True "
+    "(the default of a trace and of generate)"
+)
 
 
-class TokenOp:
-    """`RecurrentMixer._token_op`'s record for one call: where the per-token state is, and what was read."""
-
-    __slots__ = ("op", "first", "seq", "kernel", "source", "output_at", "expected", "furthest", "written")
-
-    def __init__(self, op: Any, first: int, seq: int, kernel: Any, source: Any, output_at: int, expected: tuple) -> None:
-        self.op, self.first, self.seq, self.kernel, self.source = op, first, seq, kernel, source
-        self.output_at = output_at
-        self.expected = expected
-        self.furthest: Optional[tuple[int, str]] = None
-        self.written: dict[int, torch.Tensor] = {}
-
-    def __iter__(self):
-        return iter((self.op, self.first, self.seq))
+def _per_token_reason(mixer: "RecurrentMixer") -> Optional[str]:
+    return strategy_for(mixer).unavailable(mixer)
 
 
-def needs_torch_kernels(envoy: Any) -> Optional[str]:
-    """Why a recurrent mixer's kernel values are unavailable: the kernel has no Python source to read inside.
-
-    The scan's kernels first, then the short convolution's: a compiled
-    convolution (causal-conv1d) makes the same values unavailable, since its
-    package refuses the run that would serve them until the family is routed.
-    """
-    modeling = kernels.modeling_of(envoy._module)
-    cls = type(envoy)
-    for name in (cls.CHUNK_FUNCTION, cls.RECURRENT_FUNCTION, *cls.CONV_FUNCTIONS):
-        reason = kernels.optimized(modeling.__dict__.get(name))
-        if reason is not None:
-            return reason
-    return None
-
-
-def needs_recurrent_routing(envoy: Any) -> Optional[str]:
-    """Why the per-token state is unavailable: only the token-by-token kernel materializes it."""
-    cls = type(envoy)
-    if cls.STATE_OP is None:
-        return "this mixer's kernels do not materialize the state after each token"
-    reason = needs_torch_kernels(envoy)
-    if reason is not None:
-        return reason
-    modeling = kernels.modeling_of(envoy._module)
-    # Through the dispatcher or bound bare, what counts is the body a prompt runs (Mamba-1: the loop already).
-    if kernels.torch_function(modeling.__dict__.get(cls.CHUNK_FUNCTION)) is not cls.loop_function(modeling):
-        return (
-            "the state after each token is materialized only by the token-by-token kernel; the chunked kernel a "
-            "prompt runs through carries it between chunks. Call nnterp.route_kernels(model.family, 'torch') "
-            "before tracing this layer (slower, like attn_implementation='eager')"
-        )
-    return None
+def _iteration_reason(mixer: "RecurrentMixer") -> Optional[str]:
+    return iteration_strategy(mixer).unavailable(mixer)
 
 
 class RecurrentMixer(Standard):
     """A sequence mixer with a recurrent state, read at the kernel call its forward makes.
 
-    A subclass names its kernels and declares its values at
-    ``kernel("inputs")`` / ``kernel("output")``:
+    A subclass declares:
 
+    * ``REFERENCE``: the HF mixer class (``"module.Class"``) its class-level
+      labels are read from; an envoy reads those of the module it wraps.
     * ``CHUNK_FUNCTION`` / ``RECURRENT_FUNCTION``: the module-level names of
       the prompt's and the decode step's kernels; ``CHUNK_KERNEL`` /
       ``RECURRENT_KERNEL`` are their calls' labels in the forward.
-    * ``BRANCH``: the binding the forward tests before it picks a kernel,
-      true when the call continues a cached state (found per release:
-      ``use_precomputed_states_0`` up to 5.20, ``recurrent_state_0`` after).
-    * ``SEQ_OP``: the forward's masking of its input, once per call.
-    * ``STATE_OP``: inside the token-by-token kernel, the binding of the state
-      after each token's update; ``None`` when the kernels never materialize it.
-    * ``STEP_STATE_OP``: set when the decode kernel is a single-step update
-      rather than the token loop (Mamba-1): the binding of the new state in it.
-      The prompt's kernel is then the token loop.
+    * ``STATE_VARIABLE``: the variable holding the state inside the kernels;
+      ``STATE_OP`` is then the binding of the state after each token's update
+      inside the token-by-token kernel (``None`` when the kernels never
+      materialize it), and ``STEP_STATE_OP``, when the decode kernel is a
+      one-step update (``ONE_STEP_DECODE``, Mamba), the new state in it.
+    * ``CHUNK_ARGUMENTS`` / ``RECURRENT_ARGUMENTS``: each kernel's signature
+      table (`nnterp.recurrent.arguments`); ``"state"`` is the state entering
+      the call, ``SEQ_ARGUMENT`` the argument whose axis 1 counts the tokens.
+    * ``FAST``: its fast path (`nnterp.fast.FastSpec`), or ``None``;
+      ``CHUNKED_SCAN``: the prompt kernel is Mamba-2's chunk scan.
 
     ``KERNEL`` names the call that fires on this call of the mixer, decided
     once per call by the forward's own test, so the same values work in a
     trace and at every step of ``tracer.iter``. The state after every token
-    of a prompt exists only in the token-by-token kernel;
-    ``nnterp.route_kernels(model.family, "torch")`` routes the family's
-    prompts through it (like eager attention, the user's choice), and then
-    `state`, `states`, `state_after` and `set_state_after` read and write
-    the state at any position.
+    (`state`, `states`, `state_after`, `set_state_after`) is served by the
+    strategy `nnterp.recurrent.per_token.strategy_for` picks: the token loop
+    once ``nnterp.route_kernels(model.family, "torch")`` routes the family's
+    prompts through it (like eager attention, the user's choice), Mamba-2's
+    chunk boundaries with ``chunk_per_token(model)``, or the kernel call's own
+    arguments with ``fast_states(model)``.
     """
 
     KIND = "linear_attn"
+    REFERENCE: str = ""
     CHUNK_FUNCTION: str = ""
     RECURRENT_FUNCTION: str = ""
     CONV_FUNCTIONS: tuple = ("causal_conv1d_fn", "causal_conv1d_update")
-    CHUNK_KERNEL: str = ""
-    RECURRENT_KERNEL: str = ""
-    BRANCH: str = "use_precomputed_states_0"
-    SEQ_OP: str = "apply_mask_to_padding_states_0"
-    STATE_OP: Optional[str] = None
-    STEP_STATE_OP: Optional[str] = None
-    #: The variable holding the state inside the kernels (to find the labels).
     STATE_VARIABLE: str = ""
+    ONE_STEP_DECODE: bool = False
+    CHUNKED_SCAN: bool = False
+    FAST: Optional[FastSpec] = None
+    CHUNK_ARGUMENTS: arguments.Signature = {}
+    RECURRENT_ARGUMENTS: arguments.Signature = {}
+    SEQ_ARGUMENT: str = "q"
+    #: Which element of the kernel's return is the final state.
+    FINAL_STATE = 1
+    #: Whether the forward must ask the cache by name (a release that stops doing so fails at the label lookup).
+    CACHE_TEST_REQUIRED = False
 
-    attention_output = unwrapped_output("the mixer's output, [batch, seq, hidden]")
+    CHUNK_KERNEL = Label()
+    RECURRENT_KERNEL = Label()
+    STATE_OP = Label()
+    STEP_STATE_OP = Label()
+    #: How the forward asks the cache whether it continues a state (`nnterp.recurrent.labels.cache_test`).
+    CACHE_TEST = Label()
 
-    # -- which call, which kernel --------------------------------------------
+    attention_output = module_output("the mixer's output, [batch, seq, hidden]", Hidden)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        track(self)
+
+    # -- labels, found once per HF mixer class ---------------------------------------
 
     @classmethod
-    def resolve(cls, hf_mixer: type) -> None:
-        """Find this release's labels from ``hf_mixer``'s forward and kernels (at import).
-
-        A release that moved a label fails here, naming the value and the
-        release, rather than serving the wrong binding.
-        """
-        modeling = kernels.modeling_of(hf_mixer)
-        cls.CHUNK_KERNEL = kernels.call_label(hf_mixer.forward, cls.CHUNK_FUNCTION)
-        cls.RECURRENT_KERNEL = kernels.call_label(hf_mixer.forward, cls.RECURRENT_FUNCTION)
-        cls.BRANCH = "use_precomputed_states_0" if kernels.has_label(hf_mixer.forward, "use_precomputed_states_0") else "recurrent_state_0"
+    def find_labels(cls, hf_mixer: type) -> dict:
+        """This release's labels in ``hf_mixer``'s forward and kernels (`nnterp.recurrent.labels.labels_for` caches them)."""
+        modeling = modeling_of(hf_mixer)
+        labels = {
+            "CHUNK_KERNEL": call_label(hf_mixer.forward, cls.CHUNK_FUNCTION),
+            "RECURRENT_KERNEL": call_label(hf_mixer.forward, cls.RECURRENT_FUNCTION),
+            "CACHE_TEST": cache_test(hf_mixer.forward, required=cls.CACHE_TEST_REQUIRED),
+            "STATE_OP": None,
+            "STEP_STATE_OP": None,
+        }
         if cls.STATE_VARIABLE:
-            loop = cls.loop_function(modeling)
-            cls.STATE_OP = kernels.state_label(loop, cls.STATE_VARIABLE, in_loop=True)
-            if cls.STEP_STATE_OP is not None:
-                step = getattr(modeling, cls.RECURRENT_FUNCTION)
-                cls.STEP_STATE_OP = kernels.state_label(step, cls.STATE_VARIABLE, in_loop=False)
+            labels["STATE_OP"] = state_label(cls.loop_body(modeling), cls.STATE_VARIABLE, in_loop=True)
+            if cls.ONE_STEP_DECODE:
+                step = original_body(modeling, cls.RECURRENT_FUNCTION)
+                labels["STEP_STATE_OP"] = state_label(step, cls.STATE_VARIABLE, in_loop=False)
+        return labels
 
     @classmethod
-    def loop_function(cls, modeling: Any) -> Callable:
+    def loop_body(cls, modeling: Any) -> Callable:
         """The pure-torch kernel that loops over tokens: the decode kernel, or the prompt's when the decode is one step."""
-        name = cls.CHUNK_FUNCTION if cls.STEP_STATE_OP is not None else cls.RECURRENT_FUNCTION
-        stash = modeling.__dict__.get("_nnterp_kernels", {})
-        return kernels.torch_function(stash.get(name, modeling.__dict__[name]))
+        return original_body(modeling, cls.CHUNK_FUNCTION if cls.ONE_STEP_DECODE else cls.RECURRENT_FUNCTION)
 
-    @classmethod
-    def continues_cache(cls, module: Any, cache: Any) -> bool:
+    def loop_function(self) -> Callable:
+        """`loop_body` of this mixer's modeling module."""
+        return type(self).loop_body(modeling_of(self._module))
+
+    # -- which call, which kernel ----------------------------------------------------
+
+    def continues_cache(self, cache: Any) -> bool:
         """The forward's test that the call continues a cached state (before the forward touches the cache)."""
         if cache is None:
             return False
+        if self.CACHE_TEST == "has_previous_state()":
+            return bool(cache.has_previous_state())
         if hasattr(cache, "get_recurrent_state"):
-            return cache.get_recurrent_state(module.layer_idx) is not None
-        return bool(cache.has_previous_state(module.layer_idx))
+            return cache.get_recurrent_state(self._module.layer_idx) is not None
+        return bool(cache.has_previous_state(self._module.layer_idx))
 
     def _call(self) -> dict:
         """This call's inputs, read once per call at the mixer's input: the first request of every value."""
 
         def read() -> dict:
             args, kwargs = self.inputs
-            bound = kernels.signature_binding(type(self._module).forward, self._module, args, kwargs)
+            bound = signature_binding(type(self._module).forward, self._module, args, kwargs)
             hidden = bound.get("hidden_states", args[0] if args else None)
             cache = bound.get("cache", bound.get("cache_params"))
-            continues = type(self).continues_cache(self._module, cache)
             med = mediator()
             # How often each kernel has started before this call: a later request
             # for its arguments past that count would land in the next call.
-            kernels_before = {
-                label: med.occurrence(f"{self.path}.source.{label}.input")
-                for label in (type(self).CHUNK_KERNEL, type(self).RECURRENT_KERNEL)
-            }
-            return {"seq": hidden.shape[1], "cache": cache, "continues": continues, "kernels": kernels_before}
+            started = {label: med.occurrence(f"{self.path}.source.{label}.input") for label in (self.CHUNK_KERNEL, self.RECURRENT_KERNEL)}
+            return {"seq": hidden.shape[1], "cache": cache, "continues": self.continues_cache(cache), "kernels": started}
 
         return per_call(self, "inputs", read)
 
@@ -203,11 +199,10 @@ class RecurrentMixer(Standard):
         which fire on every call, so a step of ``tracer.iter`` is pinned by its
         first read whatever the user reads first.
         """
-        cls = type(envoy)
 
         def choose() -> str:
             call = envoy._call()
-            return cls.RECURRENT_KERNEL if call["continues"] and call["seq"] == 1 else cls.CHUNK_KERNEL
+            return envoy.RECURRENT_KERNEL if call["continues"] and call["seq"] == 1 else envoy.CHUNK_KERNEL
 
         envoy.source  # instrument the forward before it runs; see routing for why the moment matters
         return per_call(envoy, "kernel", choose)
@@ -218,113 +213,183 @@ class RecurrentMixer(Standard):
         suffix = {"inputs": "input", "input": "input", "output": "output"}[attribute]
 
         def at_kernel(envoy: RecurrentMixer) -> str:
-            return f"source.{type(envoy).KERNEL(envoy)}.{suffix}"
+            return f"source.{envoy.KERNEL(envoy)}.{suffix}"
 
         return Key(at_kernel, f"kernel.{attribute}")
 
-    # -- the state after every token -----------------------------------------
+    def _record(self) -> Call:
+        """This call's `Call`: its kernel call's arguments, read once per call when the kernel starts."""
 
-    def _seq(self, args: tuple, kwargs: dict) -> int:
-        """The kernel call's number of tokens (a DeltaNet's queries' axis 1)."""
-        return args[0].shape[1]
+        def make() -> Call:
+            kernel = self.KERNEL(self)
+            op = getattr(self.source, kernel)
+            call = Call(self, kernel, op, kernel == self.RECURRENT_KERNEL, self._call()["kernels"][kernel])
+            call.check_not_started("a kernel argument", KERNEL_RAN)
+            call.args, call.kwargs = op.inputs
+            call.output_at = mediator().occurrence(f"{op.path}.output")
+            call.seq = self._serve(self.SEQ_ARGUMENT, call).shape[1]
+            call.expected = (self._state_shape(call), torch.float32, call.args[0].device)
+            return call
 
-    def _state_shape(self, args: tuple, kwargs: dict) -> tuple:
-        """The state's shape for this call, ``(batch, ...)``."""
+        return per_call(self, "call", make)
+
+    def _decodes(self) -> bool:
+        """Whether this call runs the one-token decode kernel (decided once per call)."""
+        return self.KERNEL(self) == self.RECURRENT_KERNEL
+
+    def _table(self, call: Optional[Call] = None) -> dict:
+        decodes = call.decodes if call is not None else self._decodes()
+        return type(self).RECURRENT_ARGUMENTS if decodes else type(self).CHUNK_ARGUMENTS
+
+    # -- the kernel's arguments by name -------------------------------------------------
+
+    def _serve(self, name: str, call: Optional[Call] = None) -> Any:
+        """Argument ``name`` of this call's kernel, tokens first; ``None`` where the kernel has no such argument."""
+        call = call if call is not None else self._record()
+        return arguments.serve(self._table(call), name, call.arguments)
+
+    def _assign_argument(self, name: str, view: Any) -> None:
+        """Replace argument ``name`` of this call's kernel by ``view`` (laid back in the kernel's layout), before it runs."""
+        call = self._record()
+        what = f"`linear_attn.{name}`"
+        slot = self._table(call).get(name)
+        if slot is None:
+            raise NnterpError(f"{what} is not an argument of this call's kernel ({call.kernel})")
+        call.check_not_started(f"a write to {what}")
+        where, layout = slot
+        current = select_from(call.arguments, where)
+        if isinstance(current, torch.Tensor):
+            check_tensor(what, view, layout.read(current))
+            element = layout.write(view, current)
+        else:
+            element = view
+        call.args, call.kwargs = replace_in(call.arguments, where, element)
+        # Later values of this call (betas from dt, ...) read the record, which now holds the write.
+        Mediator.swap(f"{call.op.path}.input", call.arguments)
+
+    def argument(self, name: str) -> Any:
+        """Any argument of this call's kernel by its signature-table name, tokens first; ``None`` where it takes none."""
+        names = set(type(self).CHUNK_ARGUMENTS) | set(type(self).RECURRENT_ARGUMENTS)
+        if name not in names:
+            raise NnterpError(f"`linear_attn.argument` takes one of {sorted(names)}, got {name!r}")
+        reason = needs_torch_kernels(self)
+        if reason is not None:
+            raise Unavailable(f"linear_attn.argument({name!r})", reason)
+        mediator(f"`linear_attn.argument({name!r})`")
+        return self._serve(name)
+
+    def _state_shape(self, call: Call) -> tuple:
+        """One state's shape in this call, ``(batch, ...)``: the decode buffer's, or the component's formula."""
+        if call.decodes and type(self).ONE_STEP_DECODE:
+            return tuple(self._serve("state", call).shape)
+        return self._prompt_state_shape(call)
+
+    def _prompt_state_shape(self, call: Call) -> tuple:
         raise NotImplementedError
 
-    def _state_op(self, kernel: str) -> str:
-        """The per-token state binding inside ``kernel``."""
-        cls = type(self)
-        if kernel == cls.RECURRENT_KERNEL and cls.STEP_STATE_OP is not None:
-            return cls.STEP_STATE_OP
-        return cls.STATE_OP
+    # -- the state entering and leaving the call ---------------------------------------
 
-    def _token_op(self) -> TokenOp:
-        """``(op, first, seq)`` of this call, computed once per call.
+    def _state_buffer(self) -> torch.Tensor:
+        """On a one-step decode: the cache's state buffer, which the kernel updates in place."""
+        return self._serve("state")
 
-        ``op`` is the state binding under the drilled kernel, ``seq`` the
-        call's length and ``first`` the op's occurrence count when the kernel's
-        arguments are read: the one moment that count is the number of tokens
-        earlier calls of this run put through the op.
-        """
+    def _state_input(self) -> Optional[torch.Tensor]:
+        state = self._serve("state")
+        # The cache overwrites the entering state's buffer in place during the call.
+        return state.clone() if state is not None else None
 
-        def compute() -> TokenOp:
-            kernel = type(self).KERNEL(self)
-            op = getattr(self.source, kernel)
-            med = mediator()
-            if med.occurrence(f"{op.path}.input") > self._call()["kernels"][kernel]:
-                raise OrderError(self._order_hint("a per-token state", "this call's kernel had already run (state_output, attention_output or a later value was read first)"))
-            args, kwargs = op.inputs
-            source = self._drill(op)
-            node = getattr(source, self._state_op(kernel))
-            expected = (self._state_shape(args, kwargs), torch.float32, args[0].device)
-            first = med.occurrence(f"{node.path}.output")
-            return TokenOp(node, first, self._seq(args, kwargs), op, source, med.occurrence(f"{op.path}.output"), expected)
+    def _assign_state_input(self, value: Any) -> None:
+        call = self._record()
+        what = "`linear_attn.state_input`"
+        call.check_not_started(f"a write to {what}")
+        check_expected(what, value, *call.expected)
+        if call.decodes and type(self).ONE_STEP_DECODE:
+            # The kernel updates this buffer in place and nothing else writes the cache:
+            # write into it, so the step continues from value and the cache follows.
+            self._state_buffer().copy_(value)
+            return
+        if "state" not in self._table(call):
+            raise NnterpError(
+                f"{type(self).__name__}'s prompt kernel takes no initial state (it starts from zeros): assign "
+                "`state_input` on a decode step, or use set_state_after(t, value) inside the prompt"
+            )
+        self._assign_argument("state", value)
 
-        return per_call(self, "call", compute)
+    def _read_state_output(self) -> torch.Tensor:
+        call = self._record()
+        if call.decodes and type(self).ONE_STEP_DECODE:
+            buffer = self._state_buffer()
+            call.op.output  # the kernel has returned: the buffer holds the new state
+            return buffer.clone()
+        output = call.op.output
+        if not isinstance(output, tuple) or output[self.FINAL_STATE] is None:
+            raise Unavailable("linear_attn.state_output", _NO_CACHE)
+        return output[self.FINAL_STATE]
 
-    def _drill(self, op: Any) -> Any:
-        """The source inside a kernel call: through the hub dispatcher when the name is not routed."""
-        source = op.source
-        if "implementation_0" in source.names and "torch_function_0" in source.names:
-            source = source.implementation_0.source
-        return source
+    def _write_state_output(self, value: Any) -> None:
+        call = self._record()
+        what = "`linear_attn.state_output`"
+        if call.decodes and type(self).ONE_STEP_DECODE:
+            buffer = self._state_buffer()
+            call.op.output
+            check_tensor(what, value, buffer)
+            buffer.copy_(value)
+            return
+        output = call.op.output
+        if not isinstance(output, tuple) or output[self.FINAL_STATE] is None:
+            raise Unavailable("linear_attn.state_output", _NO_CACHE)
+        check_tensor(what, value, output[self.FINAL_STATE])
+        call.op.output = replace_in(output, self.FINAL_STATE, value)
 
-    def _position(self, t: int, seq: int, what: str) -> int:
-        if not isinstance(t, int) or isinstance(t, bool):
-            raise NnterpError(f"{what} takes a token position (an int), got {type(t).__name__}")
-        position = t + seq if t < 0 else t
-        if not 0 <= position < seq:
-            raise NnterpError(f"{what}: position {t} is outside this call's {seq} tokens (0..{seq - 1})")
-        return position
+    state_input = DerivedEProperty(
+        _state_input,
+        assign=_assign_state_input,
+        key=kernel.__func__("inputs"),
+        description="the state entering this call (None on a fresh prompt), a copy; assign to continue from another",
+        unavailable=needs_torch_kernels,
+        annotation=State,
+        none_on_fresh_prompt=True,
+    )
+    state_output = DerivedEProperty(
+        _read_state_output,
+        assign=_write_state_output,
+        key=kernel.__func__("output"),
+        description="the state after this call's last token",
+        unavailable=needs_torch_kernels,
+        annotation=State,
+    )
 
-    def _order_hint(self, asked: str, passed: str) -> str:
-        return (
-            f"{asked} was asked for after {passed}: a worker reads in the order the model runs, so in one trace "
-            "read the kernel's arguments first, then per-token positions in increasing order (positions before a "
-            "write, the write, then positions after it; `states` before any write), then `state_output` / "
-            "`attention_output`, and a block's reads before any write to a later block"
-        )
-
-    def _visit(self, record: TokenOp, position: int, what: str, op: Any = None) -> None:
-        """Raise unless the run can still reach ``position`` of this call (at ``op``, the state op by default)."""
-        med = mediator()
-        if med.occurrence(f"{record.kernel.path}.output") > record.output_at:
-            raise OrderError(self._order_hint(what, "the kernel had returned (state_output or a later value was read)"))
-        if med.occurrence(f"{(op or record.op).path}.output") > record.first + position:
-            earlier = record.furthest[1] if record.furthest is not None else "an earlier read"
-            raise OrderError(self._order_hint(what, f"{earlier} had moved the run past token {position}"))
-        if record.furthest is None or position >= record.furthest[0]:
-            record.furthest = (position, what)
-
-    def _pinned_state(self, record: TokenOp, position: int) -> torch.Tensor:
-        with pinned(record.first + position):
-            return record.op.output
-
-    def _states(self) -> States:
-        record = self._token_op()
-        self._visit(record, 0, "states")
-        out = []
-        for position in range(record.seq):
-            out.append(self._pinned_state(record, position))
-            record.furthest = (position, "states")
-        return torch.stack(out, 1)
+    # -- the state after every token: one declaration, served by the chosen strategy -------
 
     def _token_state_op(self) -> str:
-        with pinned(None):
-            record = self._token_op()
-        return record.op.path[len(self.path) + 1:] + ".output"
+        """The ``tracer.iter`` location of `state` (one occurrence per token), relative to the mixer."""
+        return TOKEN_LOOP.location(self)
 
-    state = EProperty(
-        _token_state_op,
+    def _token_op(self) -> TokenOp:
+        """``(op, first, seq)`` of this call: the binding of its per-token states, its first occurrence, the call's length."""
+        return iteration_strategy(self).token_op(self)
+
+    def _iterated_state(self) -> torch.Tensor:
+        return iteration_strategy(self).state(self)
+
+    def _assign_iterated_state(self, value: torch.Tensor) -> None:
+        iteration_strategy(self).set_state(self, value)
+
+    def _states(self) -> States:
+        return strategy_for(self).states(self)
+
+    state = DerivedEProperty(
+        _iterated_state,
+        assign=_assign_iterated_state,
+        key=Key(_token_state_op),
         description="the state after a token of the prompt, one occurrence per token (tracer.iter), [batch, ...state]; needs route_kernels(family, 'torch')",
-        unavailable=needs_recurrent_routing,
+        unavailable=_iteration_reason,
         annotation=State,
     )
     states = DerivedEProperty(
         _states,
         description="The recurrent state after every token of this call; needs route_kernels(family, 'torch')",
-        unavailable=needs_recurrent_routing,
+        unavailable=_per_token_reason,
         annotation=States,
     )
 
@@ -334,13 +399,7 @@ class RecurrentMixer(Standard):
         As ``for _ in tracer.iter[t]: mix.state`` on a prompt, and one that
         counts from the call's own first token on a decode step.
         """
-        self._require("state_after")
-        record = self._token_op()
-        position = self._position(t, record.seq, f"state_after({t})")
-        if position in record.written:
-            return record.written[position]
-        self._visit(record, position, f"state_after({t})")
-        return self._pinned_state(record, position)
+        return strategy_for(self).state_after(self, t)
 
     def set_state_after(self, t: int, value: torch.Tensor) -> None:
         """Assign the state after token ``t``: the tokens after it continue from ``value``.
@@ -356,38 +415,35 @@ class RecurrentMixer(Standard):
         ``t`` before the write and positions after it afterwards; `states`
         (every position) only before it.
         """
-        self._require("set_state_after")
-        record = self._token_op()
-        position = self._position(t, record.seq, f"set_state_after({t})")
-        what = f"set_state_after({t}, value)"
-        check_expected(what, value, *record.expected)
-        self._visit(record, position, what)
-        if position + 1 < record.seq:
-            self._continue_from(record, position, value, what)
-        else:
-            self._write_final(record, value)
-        record.written[position] = value
-        record.furthest = (position + 1, what)
+        strategy_for(self).set_state_after(self, t, value)
 
-    #: Which element of the kernel's return is the final state.
-    FINAL_STATE = 1
+    # -- a component's own update rule, for a write inside a call (the token loop) ---------
 
-    def _continue_from(self, record: TokenOp, position: int, value: torch.Tensor, what: str) -> None:
-        """Make token ``position + 1`` of this call start from ``value`` (a mixer's own update rule)."""
+    def _continue_op(self, call: Call) -> Any:
+        """The per-token op whose occurrence ``t + 1`` `_continue_from` writes at (the state op by default)."""
+        return call.strategy["op"]
+
+    def _continue_from(self, call: Call, position: int, value: torch.Tensor) -> None:
+        """Make token ``position + 1`` of this call start from ``value`` (the mixer's own update rule)."""
         raise NotImplementedError(f"{type(self).__name__} does not write the state inside a call")
-
-    def _write_final(self, record: TokenOp, value: torch.Tensor) -> None:
-        """Make the kernel return ``value`` as the state after its last token."""
-        location = f"{record.kernel.path}.output"
-        raw = Mediator.value(location)
-        Mediator.swap(location, replace_in(raw, type(self).FINAL_STATE, value))
-
-    def _require(self, what: str) -> None:
-        reason = needs_recurrent_routing(self)
-        if reason is not None:
-            raise Unavailable(f"linear_attn.{what}", reason)
-        mediator(f"`linear_attn.{what}`")
 
 
 #: ``kernel(attribute)``, the key function values are declared on (`RecurrentMixer.kernel`).
 kernel = RecurrentMixer.kernel
+
+
+def kernel_argument(name: str, description: str, annotation: Any) -> DerivedEProperty:
+    """A declared value: argument ``name`` of whichever kernel fires, tokens first, laid back on write.
+
+    Served from the call's record (read once, when the kernel starts), so it
+    can be read at any point of the call; a write replaces the argument and
+    must come before the kernel starts.
+    """
+    return DerivedEProperty(
+        lambda envoy: envoy._serve(name),
+        assign=lambda envoy, view: envoy._assign_argument(name, view),
+        key=kernel("inputs"),
+        description=description,
+        unavailable=needs_torch_kernels,
+        annotation=annotation,
+    )

@@ -32,7 +32,7 @@ Values, all tokens first (``seq`` is this call's tokens, one on a decode step):
   (`RecurrentMixer`); the prompt kernel is itself the token loop.
 * ``conv_state_input`` / ``conv_state_output`` ``[batch, channels, conv_width]``.
 * ``attention_output`` ``[batch, seq, hidden]``: the mixer's output.
-* ``argument(name)``: any kernel argument by name (``"z"``, ``"D"``, ``"A"``, ...).
+* ``argument(name)``: any kernel argument by its signature-table name (``"z"``, ``"D"``, ``"A"``, ...).
 
 Failure mode worth knowing: the kernels are channel-first (``[batch,
 channels, seq]``) and the decode kernel has no sequence axis; every value is
@@ -41,29 +41,20 @@ served tokens first and laid back on write, so never transpose what you read.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
-import torch.nn.functional as F
-import transformers.models.mamba.modeling_mamba as _reference
 from jaxtyping import Float
 from torch import Tensor
 
 from ..core.calls import pinned
 from ..core.dims import BATCH, CHANNELS, SEQ, STATE_SIZE
-from ..core.values import DerivedEProperty, EProperty, check_tensor
+from ..core.values import DerivedEProperty
+from ..recurrent.arguments import CHANNELS_FIRST, ONE_TOKEN, SAME, assign_step, served_step
+from ..recurrent.call import Call
+from ..recurrent.kernels import needs_torch_kernels
 from .conv import conv_state_input, conv_state_output
-from .kernel_arguments import (
-    CHANNELS_FIRST,
-    ONE_TOKEN,
-    SAME,
-    KernelArguments,
-    inverse_softplus,
-    keep_unchanged,
-    kernel_argument,
-    state_input,
-)
-from .recurrent import RecurrentMixer, needs_recurrent_routing, needs_torch_kernels
+from .recurrent import RecurrentMixer, kernel_argument
 
 Channels = Float[Tensor, f"{BATCH} {SEQ} {CHANNELS}"]
 StateVectors = Float[Tensor, f"{BATCH} {SEQ} {STATE_SIZE}"]
@@ -71,15 +62,16 @@ ScanState = Float[Tensor, f"{BATCH} {CHANNELS} {STATE_SIZE}"]
 ScanStates = Float[Tensor, f"{BATCH} {SEQ} {CHANNELS} {STATE_SIZE}"]
 
 
-class SelectiveScan(KernelArguments):
+class SelectiveScan(RecurrentMixer):
     """A Mamba-1 mixer (``layer.linear_attn``): see the module docstring for its values."""
 
+    REFERENCE = "transformers.models.mamba.modeling_mamba.MambaMixer"
     CHUNK_FUNCTION = "mamba_selective_scan"
     RECURRENT_FUNCTION = "mamba_selective_state_update"
     STATE_VARIABLE = "ssm_state"
-    #: Set (a placeholder until `resolve`): the decode kernel updates the state once,
-    #: while the prompt's pure-torch kernel is itself the token loop.
-    STEP_STATE_OP: Optional[str] = "<resolved at import>"
+    #: The decode kernel updates the state once, while the prompt's pure-torch kernel is itself the token loop.
+    ONE_STEP_DECODE = True
+    SEQ_ARGUMENT = "x"
 
     #: ``mamba_selective_scan(x, dt, A, B, C, D=, z=, delta_bias=, delta_softplus=, ...)``, channel-first.
     CHUNK_ARGUMENTS = {
@@ -112,31 +104,13 @@ class SelectiveScan(KernelArguments):
     attention_values = kernel_argument("x", "x, what each token writes (after the convolution), [batch, seq, channels]", Channels)
     dt = kernel_argument("dt", "the time step before its bias and softplus, [batch, seq, channels]", Channels)
 
-    def _betas(self) -> torch.Tensor:
-        call = self._arguments()
-        step = self._serve("dt", call)
-        bias = self._serve("dt_bias", call)
-        if bias is not None:
-            step = step + bias.to(step.dtype)
-        return F.softplus(step) if self._serve("dt_softplus", call) else step
-
-    def _assign_betas(self, value: Any) -> None:
-        served = self._betas()
-        check_tensor("`linear_attn.betas`", value, served)
-        call = self._arguments()
-        bias = self._serve("dt_bias", call)
-        step = inverse_softplus(value) if self._serve("dt_softplus", call) else value
-        if bias is not None:
-            step = step - bias.to(step.dtype)
-        self.dt = keep_unchanged(value, served, step, self._serve("dt", call))
-
     def _decays(self) -> torch.Tensor:
         # The kernel's exp(A[None, :, None, :] * Δ[..., None]), tokens first.
-        return self._betas()[..., None] * self._serve("A", self._arguments()).float()
+        return served_step(self)[..., None] * self._serve("A").float()
 
     betas = DerivedEProperty(
-        _betas,
-        assign=_assign_betas,
+        served_step,
+        assign=assign_step,
         description="the step size Δ = softplus(dt + dt_bias) > 0, [batch, seq, channels]; a write sets dt",
         unavailable=needs_torch_kernels,
         annotation=Channels,
@@ -147,30 +121,16 @@ class SelectiveScan(KernelArguments):
         unavailable=needs_torch_kernels,
         annotation=ScanStates,
     )
-    state_input = state_input(
+    state_input = RecurrentMixer.state_input.variant(
         "the state entering a decode step, [batch, channels, state_size], a copy (None on a fresh prompt, and on any "
         "prompt: the kernel starts from zeros); assign it on a decode step to continue from another",
         ScanState,
     )
-    state_output = DerivedEProperty(
-        KernelArguments._state_output,
-        assign=KernelArguments._assign_state_output,
-        description="the state after this call's last token, [batch, channels, state_size]",
-        unavailable=needs_torch_kernels,
-        annotation=ScanState,
+    state_output = RecurrentMixer.state_output.variant("the state after this call's last token, [batch, channels, state_size]", ScanState)
+    state = RecurrentMixer.state.variant(
+        "the state after a token of the prompt, one occurrence per token (tracer.iter), [batch, channels, state_size]", ScanState
     )
-    state = EProperty(
-        RecurrentMixer._token_state_op,
-        description="the state after a token of the prompt, one occurrence per token (tracer.iter), [batch, channels, state_size]",
-        unavailable=needs_recurrent_routing,
-        annotation=ScanState,
-    )
-    states = DerivedEProperty(
-        RecurrentMixer._states,
-        description="the state after every token of this call, [batch, seq, channels, state_size]",
-        unavailable=needs_recurrent_routing,
-        annotation=ScanStates,
-    )
+    states = RecurrentMixer.states.variant("the state after every token of this call, [batch, seq, channels, state_size]", ScanStates)
     conv_state_input = conv_state_input()
     conv_state_output = conv_state_output()
 
@@ -183,28 +143,17 @@ class SelectiveScan(KernelArguments):
             "conv_width": module.conv_kernel_size,
         }
 
-    def _continue_from(self, record: Any, position: int, value: torch.Tensor, what: str) -> None:
+    def _prompt_state_shape(self, call: Call) -> tuple:
+        x, A = self._serve("x", call), self._serve("A", call)
+        return (x.shape[0], x.shape[2], A.shape[1])
+
+    def _continue_from(self, call: Call, position: int, value: torch.Tensor) -> None:
         # Token t+1's update, exp(Δ A) ⊙ h + (Δ x) ⊗ B, computed from value with the
         # kernel's own operations, is written as the state after t+1: token t's
         # readout keeps the state it computed, and the loop goes on from there.
         after = position + 1
-        self._visit(record, after, what)
-        call = self._arguments()
-        step = self._betas()[:, after]  # [batch, channels]
-        decay = torch.exp(self._serve("A", call)[None] * step[..., None])
-        write = step[..., None] * self._serve("B", call)[:, after, None, :].float() * self._serve("x", call)[:, after, :, None].float()
-        with pinned(record.first + after):
-            record.op.output = decay * value + write
-
-    def _seq(self, args: tuple, kwargs: dict) -> int:
-        # x is [batch, channels, seq] on a prompt; the decode kernel has no seq axis.
-        return 1 if self._decodes() else args[0].shape[2]
-
-    def _state_shape(self, args: tuple, kwargs: dict) -> tuple:
-        if self._decodes():
-            return tuple(args[0].shape)
-        x, A = args[0], args[2]
-        return (x.shape[0], x.shape[1], A.shape[1])
-
-
-SelectiveScan.resolve(_reference.MambaMixer)
+        step = served_step(self)[:, after]  # [batch, channels]
+        decay = torch.exp(self._serve("A")[None] * step[..., None])
+        write = step[..., None] * self._serve("B")[:, after, None, :].float() * self._serve("x")[:, after, :, None].float()
+        with pinned(call.strategy["first"] + after):
+            call.strategy["op"].output = decay * value + write

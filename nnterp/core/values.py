@@ -134,6 +134,9 @@ class EProperty(eproperty):
         unavailable: ``f(envoy) -> str | None``, why this layer cannot serve it.
         validate: ``f(envoy, new, current)`` raising on a write that does not
             fit what is there (shape, dtype, device).
+        annotation: the documented shape (a `nnterp.core.dims` jaxtyping alias).
+        none_on_fresh_prompt: the value is ``None`` on a prompt that starts
+            from nothing (a state entering the first call).
     """
 
     def __init__(
@@ -148,8 +151,10 @@ class EProperty(eproperty):
         validate: Optional[Callable[[Any, Any, Any], None]] = None,
         writable: bool = True,
         annotation: Any = None,
+        none_on_fresh_prompt: bool = False,
     ) -> None:
         super().__init__(key=None, description=description)
+        self.none_on_fresh_prompt = none_on_fresh_prompt
         self.key = key if isinstance(key, (str, Key)) else Key(key)
         self.select = select
         self.read_view = preprocess
@@ -166,6 +171,15 @@ class EProperty(eproperty):
     def __str__(self) -> str:
         """The line ``print(model)`` shows: ``(name): description``."""
         return f"({self.name}): {self.description}"
+
+    def variant(self, description: Optional[str] = None, annotation: Any = None) -> "EProperty":
+        """This value with another description and shape, for a subclass: the same code serves it."""
+        # A property subclass neither pickles nor copies: build the twin from its attributes.
+        other = type(self).__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        other.description = description if description is not None else self.description
+        other.annotation = annotation if annotation is not None else self.annotation
+        return other
 
     def label(self, envoy: Any) -> str:
         """``"<component>.<value>"`` as `support()` keys it."""
@@ -210,9 +224,10 @@ class EProperty(eproperty):
 class DerivedEProperty(EProperty):
     """A value computed from others: ``compute(envoy) -> value``; read-only unless given ``assign``.
 
-    Its key is the compute function (``<_states>``): reading it runs the
-    function in the worker, which reads whatever locations it needs.
-    ``assign(envoy, value)``, where given, does the write the same way.
+    Its key is the compute function (``<_states>``), or the ``key`` given
+    (``<kernel.inputs>`` for a kernel argument served from the call's record):
+    reading it runs the function in the worker, which reads whatever locations
+    it needs. ``assign(envoy, value)``, where given, does the write the same way.
     """
 
     def __init__(
@@ -223,8 +238,14 @@ class DerivedEProperty(EProperty):
         description: Optional[str] = None,
         unavailable: Optional[Callable[[Any], Optional[str]]] = None,
         annotation: Any = None,
+        key: Optional[Key] = None,
+        none_on_fresh_prompt: bool = False,
     ) -> None:
-        super().__init__(Key(compute), description=description, unavailable=unavailable, writable=assign is not None, annotation=annotation)
+        shown = key if key is not None else Key(compute)
+        super().__init__(
+            shown, description=description, unavailable=unavailable, writable=assign is not None,
+            annotation=annotation, none_on_fresh_prompt=none_on_fresh_prompt,
+        )
         self.compute = compute
         self.assign = assign
 
@@ -266,3 +287,14 @@ def check_expected(what: str, new: Any, shape: tuple, dtype: Any, device: Any) -
         raise NnterpError(f"{what} expects dtype {dtype}, got {new.dtype}: cast it with `.to({dtype})`")
     if new.device != device:
         raise NnterpError(f"{what} expects a tensor on {device}, got one on {new.device}: move it with `.to('{device}')`")
+
+
+def module_output(description: str, annotation: Any = None) -> EProperty:
+    """The module's own output, unwrapped from the tuple some modules return and rewrapped on write."""
+    return EProperty(
+        "output",
+        select=Unwrap(),
+        description=description,
+        validate=lambda envoy, new, current: check_tensor(f"`{envoy.KIND}.attention_output`", new, current),
+        annotation=annotation,
+    )

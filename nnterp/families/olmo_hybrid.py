@@ -1,7 +1,7 @@
 """OLMo-Hybrid: gated DeltaNet and softmax attention blocks, each its own block class.
 
 Features of the architecture, as the difference from `qwen3_5_text`: the two
-kinds of block are two HF classes (``OlmoHybridLinearAttentionDecoderLayer``
+kinds of block are two HF classes (``LinearAttentionDecoderLayer``
 holding ``linear_attn``, ``OlmoHybridAttentionDecoderLayer`` holding
 ``self_attn``), both served by `Layer`, as ``config.layer_types`` places
 them; every block has a dense ``mlp``. The gated DeltaNet projects q, k, v
@@ -16,56 +16,12 @@ component follows whichever test the installed forward makes.
 
 from __future__ import annotations
 
-import ast
-from typing import Any
-
 import transformers.models.olmo_hybrid.modeling_olmo_hybrid as MODELING
-from nnsight.intervention.source import compiled, decorator_chain
 
 from ..components.attention import Attention
-from ..components.kernels import _missing
 from ..components.linear_attention import LinearAttention
-from ..core.errors import NnterpError
 from .qwen3_5_text import EMBED_TOKENS, LAYER, LAYER_TYPES, LAYERS, LM_HEAD, LN_FINAL, layer_parts, text_config  # noqa: F401
 
-
-def _previous_state_test(forward: Any) -> str:
-    """How ``forward`` asks the cache whether it continues a state.
-
-    ``"get_recurrent_state"`` (5.21+: the state is ``None`` until a prompt
-    wrote it), ``"has_previous_state(layer)"`` or ``"has_previous_state()"``
-    (up to 5.20, with or without the layer index).
-    """
-    inner = decorator_chain(forward)[0]
-    tree = ast.parse(compiled(inner).source)
-    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)]
-    if any(call.func.attr == "get_recurrent_state" for call in calls):
-        return "get_recurrent_state"
-    asks = [call for call in calls if call.func.attr == "has_previous_state"]
-    if not asks:
-        raise NnterpError(_missing("the cache test (`get_recurrent_state` or `has_previous_state`)", inner))
-    return "has_previous_state(layer)" if asks[0].args or asks[0].keywords else "has_previous_state()"
-
-
-class OlmoHybridLinearAttention(LinearAttention):
-    """`LinearAttention`, its labels and its cache test found in OLMo-Hybrid's own mixer."""
-
-    #: The installed forward's cache test (`_previous_state_test`), found by `resolve`.
-    CACHE_TEST = "get_recurrent_state"
-
-    @classmethod
-    def resolve(cls, hf_mixer: type) -> None:
-        super().resolve(hf_mixer)
-        cls.CACHE_TEST = _previous_state_test(hf_mixer.forward)
-
-    @classmethod
-    def continues_cache(cls, module: Any, cache: Any) -> bool:
-        if cache is not None and cls.CACHE_TEST == "has_previous_state()":
-            return bool(cache.has_previous_state())
-        return super().continues_cache(module, cache)
-
-
-OlmoHybridLinearAttention.resolve(MODELING.OlmoHybridGatedDeltaNet)
 
 MODEL_TYPES = ("olmo_hybrid",)
 DECODER_LAYER = MODELING.OlmoHybridLinearAttentionDecoderLayer
@@ -73,6 +29,6 @@ COMPONENTS = {
     # The attention blocks are a second decoder-block class, served by the same `Layer`.
     MODELING.OlmoHybridAttentionDecoderLayer: LAYER,
     MODELING.OlmoHybridAttention: Attention,
-    MODELING.OlmoHybridGatedDeltaNet: OlmoHybridLinearAttention,
+    MODELING.OlmoHybridGatedDeltaNet: LinearAttention,
 }
-MIXER = OlmoHybridLinearAttention
+MIXER = LinearAttention

@@ -17,13 +17,7 @@ from ..components.linear_attention import LinearAttention
 from .qwen3_5_text import EMBED_TOKENS, LAYER, LAYER_TYPES, LAYERS, LM_HEAD, LN_FINAL, layer_parts, text_config  # noqa: F401
 
 
-class Qwen3_5MoeLinearAttention(LinearAttention):
-    """`LinearAttention`, its labels found in Qwen3.5-MoE's own mixer and kernels."""
-
-
-Qwen3_5MoeLinearAttention.resolve(MODELING.Qwen3_5MoeGatedDeltaNet)
-
 MODEL_TYPES = ("qwen3_5_moe_text", "qwen3_5_moe")
 DECODER_LAYER = MODELING.Qwen3_5MoeDecoderLayer
-COMPONENTS = {MODELING.Qwen3_5MoeAttention: Attention, MODELING.Qwen3_5MoeGatedDeltaNet: Qwen3_5MoeLinearAttention}
-MIXER = Qwen3_5MoeLinearAttention
+COMPONENTS = {MODELING.Qwen3_5MoeAttention: Attention, MODELING.Qwen3_5MoeGatedDeltaNet: LinearAttention}
+MIXER = LinearAttention

@@ -16,13 +16,7 @@ from ..components.linear_attention import LinearAttention
 from .qwen3_5_moe import EMBED_TOKENS, LAYER, LAYER_TYPES, LAYERS, LM_HEAD, LN_FINAL, layer_parts, text_config  # noqa: F401
 
 
-class Qwen3NextLinearAttention(LinearAttention):
-    """`LinearAttention`, its labels found in Qwen3-Next's own mixer and kernels."""
-
-
-Qwen3NextLinearAttention.resolve(MODELING.Qwen3NextGatedDeltaNet)
-
 MODEL_TYPES = ("qwen3_next",)
 DECODER_LAYER = MODELING.Qwen3NextDecoderLayer
-COMPONENTS = {MODELING.Qwen3NextAttention: Attention, MODELING.Qwen3NextGatedDeltaNet: Qwen3NextLinearAttention}
-MIXER = Qwen3NextLinearAttention
+COMPONENTS = {MODELING.Qwen3NextAttention: Attention, MODELING.Qwen3NextGatedDeltaNet: LinearAttention}
+MIXER = LinearAttention

@@ -10,17 +10,17 @@ about the cost of that call plus writing the states once:
   per head, or per key channel), chunkwise in the WY/UT form, with a loop
   over chunks only;
 * `ssd_states`: Mamba-2's state space duality, linear in length;
-* `fast_states(model)` (`nnterp.fast.mixin`): opt a model's mixers in, so
-  ``states``, ``state_after(t)`` and ``set_state_after(t, value)`` are
-  served this way, without routing and with any kernel bound;
+* `FastSpec` (``GATED_DELTA``, ``KIMI_DELTA``, ``SSD``): what a component's
+  fast path computes from its kernel call, by its signature table's names;
 * `empty_cache`: release the state buffers kept for reuse (`buffers`).
 
-All states are float32, ``[batch, seq, heads, ...state]``.
+``nnterp.fast_states(model)`` opts a model's mixers in (the strategy is
+`nnterp.recurrent.per_token.from_arguments`). All states are float32,
+``[batch, seq, heads, ...state]``. Nothing here imports nnsight or the rest of nnterp.
 """
 
 from .buffers import cached_bytes, empty_cache, empty_states
 from .delta import gated_delta_states, kimi_delta_states
-from .mixin import FastStates, fast_component, fast_enabled, fast_states, unless_fast
 from .specs import GATED_DELTA, KIMI_DELTA, SSD, FastSpec
 from .ssd import ssd_states
 
@@ -28,11 +28,6 @@ __all__ = [
     "gated_delta_states",
     "kimi_delta_states",
     "ssd_states",
-    "fast_states",
-    "fast_enabled",
-    "unless_fast",
-    "FastStates",
-    "fast_component",
     "FastSpec",
     "GATED_DELTA",
     "KIMI_DELTA",
@@ -41,3 +36,4 @@ __all__ = [
     "empty_cache",
     "cached_bytes",
 ]
+

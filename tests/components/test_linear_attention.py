@@ -18,7 +18,7 @@ import torch
 
 import nnterp
 from nnterp import NnterpError, OrderError, RoutingError, Unavailable
-from nnterp.components.routing import STASH
+from nnterp.recurrent.kernels import STASH
 from tests.families.gdn import donor_state, greedy, ids, model, plain, recurrent_layers, routed  # noqa: F401  (fixtures)
 from tests.families.standins import compiled_kernels
 from tests.families.steps import assert_generate_steps_read_their_own_call

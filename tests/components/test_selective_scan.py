@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nnterp.components.kernel_arguments import CHANNELS_FIRST, ONE_TOKEN
+from nnterp.recurrent.arguments import CHANNELS_FIRST, ONE_TOKEN
 from nnterp.components.selective_scan import SelectiveScan
 from tests.families.selective_scan import SelectiveScanSuite
 from tests.blocks import check_printed, run_block

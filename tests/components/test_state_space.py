@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from nnterp.components.kernel_arguments import ONE_TOKEN_PER_HEAD, PER_HEAD
+from nnterp.recurrent.arguments import ONE_TOKEN_PER_HEAD, PER_HEAD
 from nnterp.components.state_space import StateSpace
 from tests.blocks import check_printed, run_block
 from tests.families.ssd import SSDSuite

@@ -50,17 +50,25 @@ class SSDSuite(MambaFixtures):
         other = nnterp.StandardizedTransformer(str(checkpoint(self.MODEL_TYPE)), dispatch=True)
         nnterp.chunk_per_token(model)
         try:
-            assert all(layer.linear_attn._module.chunk_size == 1 for layer in model.layers)
             assert model.support()["linear_attn.states"] is None
-            assert other.layers[0].linear_attn._module.chunk_size == size, "per model, not process-wide"
+            assert other.support()["linear_attn.states"] is not None, "per model, not process-wide"
+            mix = model.layers[0].linear_attn
+            with torch.no_grad(), model.trace(PROMPT):
+                mix.states
+                chunk = mix.argument("chunk_size").save()
+            assert chunk == 1, "the call whose states were read scans one token per chunk"
         finally:
             nnterp.chunk_per_token(model, enabled=False)
-        assert all(layer.linear_attn._module.chunk_size == size for layer in model.layers)
+        assert model.support()["linear_attn.states"] is not None
+        # Held by nnterp: transformers' modules are never changed.
+        assert all(layer.linear_attn._module.chunk_size == size for layer in [*model.layers, *other.layers])
 
     def test_chunk_per_token_gives_the_default_logits(self, model, ids):
         with torch.no_grad(), model.trace(ids):
             chunked = model.logits.save()
         with nnterp.chunk_per_token(model), torch.no_grad(), model.trace(ids):
+            for layer in model.layers:
+                layer.linear_attn.states  # every call scans one token per chunk
             per_token = model.logits.save()
         assert ids.shape[1] > model._module.config.chunk_size, "the prompt spans several chunks"
         torch.testing.assert_close(per_token, chunked, rtol=0, atol=1e-5)

@@ -4,7 +4,6 @@ import pytest
 import transformers
 import transformers.models.olmo_hybrid.modeling_olmo_hybrid as modeling
 
-from nnterp.families.olmo_hybrid import OlmoHybridLinearAttention
 from tests.families.gdn import *  # noqa: F401,F403  (the shared suite, run for this family)
 from tests.families.gdn import PROMPT
 
@@ -24,7 +23,10 @@ def test_both_block_classes_are_layers(model):
 def test_the_cache_test_is_the_installed_forwards():
     major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
     expected = "get_recurrent_state" if (major, minor) >= (5, 21) else "has_previous_state()"
-    assert OlmoHybridLinearAttention.CACHE_TEST == expected
+    from nnterp.components.linear_attention import LinearAttention
+    from nnterp.recurrent.labels import labels_for
+
+    assert labels_for(LinearAttention, modeling.OlmoHybridGatedDeltaNet)["CACHE_TEST"] == expected
 
 
 def test_betas_may_exceed_one_with_negative_eigenvalues(model):
@@ -58,7 +60,7 @@ def test_the_kernel_read_is_the_one_the_forward_picks_when_layers_disagree(model
     expected_cache = primed()
     with torch.no_grad():
         plain(step, use_cache=True, **{hf.cache_kwarg(plain): expected_cache})
-    restarts = OlmoHybridLinearAttention.CACHE_TEST == "has_previous_state()"
+    restarts = model.layers[0].linear_attn.CACHE_TEST == "has_previous_state()"
     assert (entering[0] is None) == restarts
     torch.testing.assert_close(state_out, hf.recurrent_state(expected_cache, 0), rtol=1e-5, atol=1e-6)
 
@@ -84,7 +86,7 @@ def _asks_nothing(self, hidden_states, cache=None):
 
 def test_the_cache_test_is_found_by_name_or_fails_naming_the_release():
     from nnterp import NnterpError
-    from nnterp.families.olmo_hybrid import _previous_state_test
+    from nnterp.recurrent.labels import cache_test as _previous_state_test
 
     assert _previous_state_test(_gets) == "get_recurrent_state"
     assert _previous_state_test(_asks_any_layer) == "has_previous_state()"

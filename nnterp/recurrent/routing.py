@@ -1,4 +1,4 @@
-"""Which kernel functions a family's modeling module binds: `route_kernels`.
+"""Which kernel functions a family's modeling module binds: `route_kernels`, the one process-wide switch.
 
 A recurrent mixer's forward looks its kernels up by name in its modeling
 module. ``"torch"`` rebinds those names to transformers' pure-torch bodies
@@ -7,57 +7,84 @@ one with Python source for nnsight to read values inside. On a mixer whose
 token-by-token kernel materializes the state after every token (``STATE_OP``
 set) the prompt's name is bound to that kernel too, so a prompt runs token by
 token. ``"default"`` restores what the module bound at import. The originals
-are stashed in the modeling module's ``_nnterp_kernels``.
+are stashed in the modeling module's ``_nnterp_kernels`` (`kernels.STASH`).
 
 nnsight compiles a module's instrumented forward over a *copy* of its
 module's globals, on the first ``.source`` access: a rebinding made after that
 would be silently ignored by that module. Routing therefore also resets the
-instrumentation of every live mixer of the family, so each is re-instrumented
-over the new bindings at its next access; a mixer traced before routing serves
-the routed kernel like any other. Routing inside a running trace raises.
+instrumentation of every live mixer of the family (each mixer envoy registers
+itself, `track`), so each is re-instrumented over the new bindings at its next
+access; a mixer traced before routing serves the routed kernel like any
+other. Routing inside a running trace raises.
 """
 
 from __future__ import annotations
 
-import gc
+import weakref
 from types import ModuleType
-from typing import Any, Iterable
+from typing import Any
 
-import torch
 from nnsight.intervention.source import STATE
 
 from ..core.calls import in_trace
 from ..core.errors import NnterpError, RoutingError
-from .kernels import closure, torch_function
+from .kernels import STASH, compiled_package, torch_function
+from .labels import labels_for
 
-#: Attribute of the modeling module holding the bindings it had at import.
-STASH = "_nnterp_kernels"
 MODES = ("torch", "default")
 
-
-def modeling_module(family: Any) -> ModuleType:
-    """The transformers modeling module of a family module (or the module itself)."""
-    return getattr(family, "MODELING", family)
+#: Every live recurrent mixer envoy (`track`), so routing can reset their instrumentation.
+_LIVE: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
-def mixers_of(family: Any) -> tuple:
-    """The recurrent mixer components whose kernels live in ``family``'s modeling module."""
-    mixer = getattr(family, "MIXER", None)
-    if mixer is None:
-        from ..families import family_of_modeling
+def track(mixer: Any) -> None:
+    """Register a mixer envoy: routing resets its compiled forward when its kernels are rebound."""
+    _LIVE.add(mixer)
 
-        found = family_of_modeling(family)
-        mixer = getattr(found, "MIXER", None) if found is not None else None
-    if mixer is None:
+
+class _LiveFamily:
+    """A transformers modeling module seen as a family: the mixers of it nnterp has wrapped."""
+
+    def __init__(self, modeling: ModuleType) -> None:
+        self.MODELING = modeling
+        self.__name__ = modeling.__name__
+        self.COMPONENTS = {
+            type(mixer._module): type(mixer) for mixer in list(_LIVE) if type(mixer._module).__module__ == modeling.__name__
+        }
+
+
+def family_of(target: Any) -> Any:
+    """The family ``target`` names: a family (``model.family``), a standardized model, or a modeling module.
+
+    A transformers modeling module is known by the mixers of it nnterp has
+    wrapped (no family is imported from here); anything else is an error
+    saying what was expected.
+    """
+    if hasattr(target, "MODELING") and hasattr(target, "COMPONENTS"):
+        return target
+    if hasattr(target, "_family") and hasattr(target, "layers"):
+        return target._family
+    if isinstance(target, ModuleType) and target.__name__.startswith("transformers.models."):
+        return _LiveFamily(target)
+    raise NnterpError(
+        "route_kernels takes a family (model.family), a StandardizedTransformer or a family's transformers "
+        f"modeling module (model.family.MODELING), got {type(target).__name__}"
+        + (f" {target!r}" if isinstance(target, str) else "")
+    )
+
+
+def mixers_of(family: Any) -> list[tuple[type, type]]:
+    """``[(hf_mixer_class, component)]`` of the family's recurrent mixers; an error on a family with none."""
+    found = [
+        (hf, component) for hf, component in family.COMPONENTS.items()
+        if getattr(component, "CHUNK_FUNCTION", "") and hasattr(component, "find_labels")
+    ]
+    if not found:
         raise NnterpError(
-            f"{getattr(family, '__name__', family)!r} has no recurrent mixer to route: pass a recurrent family "
-            "(model.family) or its transformers modeling module"
+            f"{getattr(family, '__name__', family)} has no recurrent mixer to route: pass a recurrent family "
+            "(model.family) or a model that has one"
         )
-    return tuple(mixer) if isinstance(mixer, (tuple, list)) else (mixer,)
-
-
-def bindings(modeling: ModuleType, names: Iterable[str]) -> dict[str, Any]:
-    return {name: modeling.__dict__[name] for name in names}
+    return found
 
 
 class Routing:
@@ -91,33 +118,35 @@ def route_kernels(family: Any, mode: str) -> Routing:
     convolution's kernels are bound to their pure-torch bodies too.
     ``"default"`` restores what the module bound at import. Like installing a
     kernel, it applies to every model of the family, including mixers nnsight
-    has already instrumented. ``family`` is the family module
-    (``model.family``) or its transformers modeling module.
+    has already instrumented. ``family`` is the family (``model.family``) or
+    the standardized model itself.
 
     Returns a `Routing`: ``with nnterp.route_kernels(family, "torch"):``
     restores the previous binding on exit.
     """
     if mode not in MODES:
         raise NnterpError(f"route_kernels mode must be one of {MODES}, got {mode!r}")
+    family = family_of(family)
     if in_trace():
         raise RoutingError(
             "route_kernels was called inside a running trace, where it cannot reach the forward already running; "
             "call it before `with model.trace(...)` / `model.generate(...)`"
         )
-    modeling = modeling_module(family)
+    modeling = family.MODELING
     stash = modeling.__dict__.setdefault(STASH, {})
     target: dict[str, Any] = {}
-    for mixer in mixers_of(family):
-        names = (mixer.CHUNK_FUNCTION, mixer.RECURRENT_FUNCTION, *mixer.CONV_FUNCTIONS)
+    for hf_mixer, component in mixers_of(family):
+        names = (component.CHUNK_FUNCTION, component.RECURRENT_FUNCTION, *component.CONV_FUNCTIONS)
         for name in names:
             stash.setdefault(name, modeling.__dict__[name])
         if mode == "default":
             target.update({name: stash[name] for name in names})
             continue
         target.update({name: torch_function(stash[name]) for name in names})
-        if mixer.STATE_OP is not None and mixer.STEP_STATE_OP is None:
-            target[mixer.CHUNK_FUNCTION] = target[mixer.RECURRENT_FUNCTION]
-    previous = bindings(modeling, target)
+        labels = labels_for(component, hf_mixer)
+        if labels["STATE_OP"] is not None and not component.ONE_STEP_DECODE:
+            target[component.CHUNK_FUNCTION] = target[component.RECURRENT_FUNCTION]
+    previous = {name: modeling.__dict__[name] for name in target}
     _rebind(modeling, target)
     return Routing(modeling, previous)
 
@@ -145,17 +174,17 @@ def _rebind(modeling: ModuleType, target: dict[str, Any]) -> None:
 
 
 def reinstrument(modeling: ModuleType, names: set[str]) -> int:
-    """Drop nnsight's instrumented forward of every live module of ``modeling`` that calls one of ``names``.
+    """Drop nnsight's instrumented forward of every live mixer of ``modeling`` that calls one of ``names``.
 
     The controller stays; the next ``.source`` access instruments the forward
     again, over the module's globals as they are now. Returns how many were reset.
     """
     reset = 0
-    for obj in gc.get_objects():
-        # The type test first: `isinstance` on some lazy module proxies warns.
-        if type(obj).__module__ != modeling.__name__ or not isinstance(obj, torch.nn.Module):
+    for mixer in list(_LIVE):
+        module = mixer._module
+        if type(module).__module__ != modeling.__name__:
             continue
-        state = obj.__dict__.get(STATE)
+        state = module.__dict__.get(STATE)
         if state is None or not state.sourced:
             continue
         labels = state.compiled.names if state.compiled is not None else ()
@@ -170,24 +199,33 @@ def refused_device(model: Any) -> "str | None":
 
     With ``mamba_ssm`` or ``causal-conv1d`` installed, the dispatcher hands a
     CPU tensor to a CUDA kernel, which refuses it (``Expected u.is_cuda() to
-    be true``) from inside the forward. Checked before a trace runs
-    (`StandardizedTransformer.interleave`), so the error names the fix.
+    be true``) from inside the forward. Checked before a trace runs, per mixer
+    on the device of its own weights, so the error names the fix.
     """
     family = getattr(model, "family", None)
     if family is None or getattr(family, "MIXER", None) is None:
         return None
-    parameter = next(model._module.parameters(), None)
-    if parameter is None or parameter.device.type != "cpu":
-        return None
-    modeling = modeling_module(family)
-    for mixer in mixers_of(family):
-        for name in (mixer.CHUNK_FUNCTION, mixer.RECURRENT_FUNCTION, *mixer.CONV_FUNCTIONS):
-            cells = closure(modeling.__dict__.get(name))
-            if cells and cells.get("implementation") is not cells.get("torch_function"):
-                package = cells.get("package") or getattr(cells["implementation"], "__module__", "?").split(".")[0]
+    modeling = family.MODELING
+    for _, component in mixers_of(family):
+        for name in (component.CHUNK_FUNCTION, component.RECURRENT_FUNCTION, *component.CONV_FUNCTIONS):
+            package = compiled_package(modeling.__dict__.get(name))
+            if package is None:
+                continue
+            for mixer in _mixers_on_cpu(model, component):
                 return (
                     f"this process dispatches transformers' {name} to {package}'s compiled CUDA kernel, which refuses "
-                    f"this model's CPU tensors (`Expected ....is_cuda() to be true`); call "
+                    f"this model's CPU tensors (`Expected ....is_cuda() to be true`, at {mixer.path}); call "
                     f"nnterp.route_kernels(model.family, 'torch') before tracing it on a CPU"
                 )
     return None
+
+
+def _mixers_on_cpu(model: Any, component: type) -> list:
+    found = []
+    for layer in model.layers:
+        mixer = getattr(layer, "linear_attn", None)
+        if isinstance(mixer, component):
+            parameter = next(mixer._module.parameters(), None)
+            if parameter is not None and parameter.device.type == "cpu":
+                found.append(mixer)
+    return found

@@ -1,0 +1,123 @@
+"""A kernel call's arguments by name: one signature table per kernel, one vocabulary for every value.
+
+Mental model: a mixer calls one of two kernels (a prompt's, a decode step's),
+and the same quantity (the queries ``q``, the input ``x``, the step ``dt``,
+``B``, ``C``, the entering ``state``, ...) sits at a different place in each
+call and in a different layout. A component declares, per kernel, a table
+``name -> (where, layout)`` (``CHUNK_ARGUMENTS``, ``RECURRENT_ARGUMENTS``):
+``where`` is a position in the call's ``args`` or a keyword, and the layout
+says how to serve the element tokens first (``[batch, seq, ...]``, ``seq`` = 1
+on a decode step) and lay a written view back. The values, the per-token
+strategies and the fast path all read arguments through these tables, by
+these names.
+
+Mamba-1's prompt kernel is channel-first (``x`` is ``[batch, channels,
+seq]``) and both Mamba decode kernels have no sequence axis; Mamba-2's decode
+kernel takes its per-head values expanded over ``head_dim``: never transpose
+what you read, the layout already did.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+from ..core.values import select_from
+
+Where = Union[int, str]
+
+
+class Layout:
+    """How a kernel holds one argument: ``read(element) -> [batch, seq, ...]`` and ``write(view, element) -> element``."""
+
+    def __init__(self, name: str, read: Callable[[Any], Any], write: Callable[[Any, Any], Any]) -> None:
+        self.name, self.read, self.write = name, read, write
+
+    def __repr__(self) -> str:
+        return f"Layout({self.name})"
+
+
+#: Already as served (tokens first, or a parameter).
+SAME = Layout("as served", lambda e: e, lambda v, e: v)
+#: ``[batch, channels, seq]`` (Mamba-1's prompt kernel).
+CHANNELS_FIRST = Layout("[batch, channels, seq]", lambda e: e.transpose(1, 2), lambda v, e: v.transpose(1, 2))
+#: ``[batch, ...]``, one token with no sequence axis (a decode kernel).
+ONE_TOKEN = Layout("[batch, ...] (one token)", lambda e: e.unsqueeze(1), lambda v, e: v.squeeze(1))
+#: ``[heads, ...]`` expanded over trailing axes (Mamba-2's decode A, D, dt_bias): served ``[heads]``.
+PER_HEAD = Layout(
+    "[heads, ...] expanded",
+    lambda e: e.reshape(e.shape[0], -1)[:, 0],
+    lambda v, e: v.reshape(v.shape[0], *([1] * (e.dim() - 1))).expand_as(e),
+)
+#: ``[batch, heads, head_dim]`` expanded over head_dim, one token (Mamba-2's decode dt): served ``[batch, 1, heads]``.
+ONE_TOKEN_PER_HEAD = Layout(
+    "[batch, heads, head_dim] expanded (one token)",
+    lambda e: e[..., 0].unsqueeze(1),
+    lambda v, e: v[:, 0, :, None].expand_as(e),
+)
+
+#: ``{name: (where, layout)}``: one kernel's signature table.
+Signature = dict
+
+
+def serve(table: Signature, name: str, call: tuple) -> Any:
+    """Argument ``name`` of ``call`` (``(args, kwargs)``), tokens first; ``None`` where the kernel has no such argument."""
+    slot = table.get(name)
+    if slot is None:
+        return None
+    where, layout = slot
+    element = select_from(call, where)
+    return layout.read(element) if isinstance(element, torch.Tensor) else element
+
+
+def named(table: Signature, call: tuple) -> dict:
+    """Every argument of ``call`` the table names, by name, as the kernel holds it (no layout applied)."""
+    return {name: select_from(call, where) for name, (where, _) in table.items()}
+
+
+# -- the step size Δ, written once for Mamba-1 and Mamba-2 -------------------------
+
+
+def step_size(dt: torch.Tensor, bias: Optional[torch.Tensor], softplus: bool, limit: Optional[tuple] = None) -> torch.Tensor:
+    """Δ = clamp(softplus(dt + bias), limit), as the kernels compute it (the prompt kernel clamps, the decode kernel not)."""
+    step = dt + bias.to(dt.dtype) if bias is not None else dt
+    if softplus:
+        step = F.softplus(step)
+    return torch.clamp(step, min=limit[0], max=limit[1]) if limit is not None else step
+
+
+def step_input(delta: torch.Tensor, bias: Optional[torch.Tensor], softplus: bool) -> torch.Tensor:
+    """The ``dt`` a kernel takes for the step size ``delta``: the inverse of `step_size` (inside its limit)."""
+    step = inverse_softplus(delta) if softplus else delta
+    return step - bias.to(step.dtype) if bias is not None else step
+
+
+def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
+    """``x`` with ``softplus(x) == y`` (``y > 0``), stable for small and large ``y``."""
+    return y + torch.log(-torch.expm1(-y))
+
+
+def keep_unchanged(new: torch.Tensor, served: torch.Tensor, computed: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """``computed`` where ``new`` differs from what was ``served``, ``kept`` (the kernel's own) where it does not.
+
+    An inverse (softplus⁻¹, a division by ``A``) does not round-trip bit for
+    bit: writing back a value as served must leave the kernel's input as it was.
+    """
+    return torch.where(new == served, kept, computed.to(kept.dtype))
+
+
+def served_step(mixer: Any) -> torch.Tensor:
+    """Δ of a Mamba mixer's call, tokens first, from its ``dt``, ``dt_bias``, ``dt_softplus`` (and ``dt_limit``)."""
+    return step_size(mixer._serve("dt"), mixer._serve("dt_bias"), bool(mixer._serve("dt_softplus")), mixer._serve("dt_limit"))
+
+
+def assign_step(mixer: Any, value: Any) -> None:
+    """Write Δ back as the ``dt`` the kernel takes (`step_input`), leaving entries written back unchanged bit for bit."""
+    from ..core.values import check_tensor
+
+    served = served_step(mixer)
+    check_tensor("`linear_attn.betas`", value, served)
+    step = step_input(value, mixer._serve("dt_bias"), bool(mixer._serve("dt_softplus")))
+    mixer._assign_argument("dt", keep_unchanged(value, served, step, mixer._serve("dt")))

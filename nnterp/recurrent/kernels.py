@@ -1,0 +1,134 @@
+"""The kernels a recurrent mixer's forward calls, as its modeling module binds them.
+
+transformers decorates each kernel with its hub dispatcher
+(``use_kernel_func_from_hub_with_fallback``), which binds the module-level
+name to a closure ``wrapped`` holding ``torch_function``, the pure-torch body,
+and ``implementation``, the optimized kernel when its package is installed (the
+torch body otherwise). With the HF ``kernels`` package the name is an
+``nn.Module`` instead. This file reads those bindings; `routing` changes them
+and keeps what the module bound at import in its ``STASH`` (`original`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from types import FunctionType, ModuleType
+from typing import Any, Callable, Optional
+
+import torch
+from nnsight.intervention.source import decorator_chain
+
+#: Attribute of a modeling module holding the bindings it had at import (written by `routing`).
+STASH = "_nnterp_kernels"
+
+
+def closure(fn: Any) -> dict:
+    """The dispatcher's closure variables (``{}`` for a bare function)."""
+    if not isinstance(fn, FunctionType) or fn.__closure__ is None:
+        return {}
+    return dict(zip(fn.__code__.co_freevars, (cell.cell_contents for cell in fn.__closure__)))
+
+
+def is_dispatcher(fn: Any) -> bool:
+    """Whether ``fn`` is transformers' hub dispatcher around a kernel."""
+    cells = closure(fn)
+    return "torch_function" in cells and "implementation" in cells
+
+
+def is_hub_module(fn: Any) -> bool:
+    """Whether ``fn`` is the HF ``kernels`` package's ``nn.Module`` binding."""
+    return isinstance(fn, torch.nn.Module)
+
+
+def torch_function(fn: Any) -> Any:
+    """The pure-torch body behind a binding (the binding itself when it is bare)."""
+    if is_dispatcher(fn):
+        return closure(fn)["torch_function"]
+    if is_hub_module(fn):
+        inner = closure(type(fn).forward).get("func") or getattr(fn, "func", None)
+        return torch_function(inner) if inner is not None else fn
+    return fn
+
+
+def compiled_package(fn: Any) -> Optional[str]:
+    """The package a dispatcher hands ``fn``'s calls to, or ``None`` when it runs the pure-torch body."""
+    cells = closure(fn)
+    if not cells or cells.get("implementation") is cells.get("torch_function"):
+        return None
+    return cells.get("package") or getattr(cells["implementation"], "__module__", "?").split(".")[0]
+
+
+def optimized(fn: Any) -> Optional[str]:
+    """Why the binding ``fn`` has no Python body to read inside, or ``None``; names the package and the fix."""
+    if is_hub_module(fn):
+        return (
+            f"the HF `kernels` package binds transformers' pure-torch {getattr(fn, 'kernel_layer_name', 'kernel')} "
+            "to an nn.Module nnsight cannot drill into; set USE_HUB_KERNELS=0 in the environment before importing "
+            "transformers, or uninstall `kernels`, to read these"
+        )
+    if is_dispatcher(fn):
+        package = compiled_package(fn)
+        if package is not None:
+            return (
+                f"read inside transformers' pure-torch {closure(fn)['torch_function'].__name__}, but this process "
+                f"dispatches it to an optimized kernel ({package}) with no Python source; uninstall it, or call "
+                "nnterp.route_kernels(model.family, 'torch'), to read these"
+            )
+    return None
+
+
+def modeling_of(module_or_class: Any) -> ModuleType:
+    """The transformers modeling module a mixer (instance or class) is defined in."""
+    cls = module_or_class if isinstance(module_or_class, type) else type(module_or_class)
+    return sys.modules[cls.__module__]
+
+
+def bound(modeling: ModuleType, name: str) -> Any:
+    """What ``modeling`` binds ``name`` to now."""
+    return modeling.__dict__[name]
+
+
+def original(modeling: ModuleType, name: str) -> Any:
+    """What ``modeling`` bound ``name`` to at import, whatever routing did since."""
+    return modeling.__dict__.get(STASH, {}).get(name, modeling.__dict__[name])
+
+
+def original_body(modeling: ModuleType, name: str) -> Callable:
+    """The pure-torch body of ``name`` as bound at import (labels and signatures are read from it)."""
+    return torch_function(original(modeling, name))
+
+
+_SIGNATURES: dict = {}
+
+
+def signature(fn: Callable) -> inspect.Signature:
+    """``fn``'s signature under its decorators, parsed once per function (not once per call)."""
+    found = _SIGNATURES.get(fn)
+    if found is None:
+        found = _SIGNATURES[fn] = inspect.signature(decorator_chain(fn)[0])
+    return found
+
+
+def signature_binding(forward: Callable, module: Any, args: tuple, kwargs: dict) -> dict:
+    """``{parameter: value}`` of a call of ``forward`` on ``module``."""
+    bound_args = signature(forward).bind_partial(module, *args, **kwargs)
+    flat = dict(bound_args.arguments)
+    flat.update(flat.pop("kwargs", {}) or {})
+    return flat
+
+
+def needs_torch_kernels(mixer: Any) -> Optional[str]:
+    """Why a recurrent mixer's kernel values are unavailable: the kernel has no Python source to read inside.
+
+    The scan's kernels first, then the short convolution's: a compiled
+    convolution (causal-conv1d) makes the same values unavailable, since its
+    package refuses the run that would serve them until the family is routed.
+    """
+    modeling = modeling_of(mixer._module)
+    cls = type(mixer)
+    for name in (cls.CHUNK_FUNCTION, cls.RECURRENT_FUNCTION, *cls.CONV_FUNCTIONS):
+        reason = optimized(modeling.__dict__.get(name))
+        if reason is not None:
+            return reason
+    return None

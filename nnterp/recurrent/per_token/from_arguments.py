@@ -1,0 +1,182 @@
+"""`FromArguments`, the fast path: per-token states and mid-prompt writes from the kernel call's own arguments.
+
+Mental model. A prompt reaches a recurrent mixer's state through one kernel
+call, ``kernel(q, k, v, g=…, beta=…, initial_state=…)``. This strategy reads
+only the call's *arguments* (``mix.source.<CHUNK_KERNEL>.inputs``), which are
+the call's own whatever function is bound (the chunk kernel, the loop,
+flash-linear-attention), by the names of the component's signature table,
+and:
+
+* ``states`` computes every state from them with `nnterp.fast` (the
+  component's ``FAST`` spec), vectorized, into one buffer; the kernel itself
+  runs as it would;
+* ``state_after(t)`` runs the bound kernel on the tokens up to ``t`` (from the
+  call's own entering state) and returns its final state;
+* ``set_state_after(t, value)`` splits the call at ``t``: the bound kernel runs
+  on ``[:t+1]`` and on ``[t+1:]`` from ``value``, and the call is skipped with
+  ``(both outputs concatenated, the second's final state)``, so token ``t``
+  keeps its own readout and the rest continue from ``value``. Later writes in
+  the same call re-split and replace the output.
+
+On a one-token decode step, ``states`` is the step's new state
+(``state_output``) and ``set_state_after(0, v)`` replaces it.
+
+Differences from the routed path, all deliberate: states equal it within
+float32 rounding, not bit for bit; they carry no autograd graph (route for
+gradients through them); a read after a write in the same call is allowed
+and sees the write. ``state`` under ``tracer.iter`` is not served here (there
+is no per-token location): it stays the component's own strategy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from nnsight.intervention.interleaver import Mediator
+
+from ...core.calls import mediator
+from ...core.errors import OrderError, Unavailable
+from ...core.values import check_expected, replace_in
+from ...fast.buffers import empty_states
+from ..arguments import named
+from ..call import Call, order_hint
+from ..kernels import bound, modeling_of
+from .protocol import PerToken
+
+
+class FromArguments(PerToken):
+    """Computes states from the kernel call's arguments (`nnterp.fast`) and writes by splitting the call."""
+
+    name = "from the kernel call's arguments"
+
+    def unavailable(self, mixer: Any) -> Optional[str]:
+        if type(mixer).FAST is None:
+            return f"{type(mixer).__name__} has no fast path"
+        return None
+
+    def record(self, mixer: Any, what: str) -> Call:
+        """This call's record, with its prompt kernel's arguments by name (once per call)."""
+        reason = self.unavailable(mixer)
+        if reason is not None:
+            raise Unavailable(f"linear_attn.{what}", reason)
+        mediator(f"`linear_attn.{what}`")
+        call = mixer._record()
+        if not call.decodes and "named" not in call.strategy:
+            arguments = named(type(mixer).CHUNK_ARGUMENTS, call.arguments)
+            if isinstance(arguments.get("state"), torch.Tensor):
+                # A continued cache's buffer, which the cache overwrites after the kernel returns.
+                arguments["state"] = arguments["state"].clone()
+            call.strategy.update(named=arguments, served=False)
+        return call
+
+    def _segments(self, call: Call, stop: Optional[int] = None) -> list:
+        """``(lo, hi, initial)`` runs of the call up to ``stop``, split after every write."""
+        stop = call.seq if stop is None else stop
+        runs, lo, initial = [], 0, call.strategy["named"].get("state")
+        for t in sorted(call.writes):
+            if t >= stop:
+                break
+            runs.append((lo, t + 1, initial))
+            lo, initial = t + 1, call.writes[t]
+        if lo < stop:
+            runs.append((lo, stop, initial))
+        return runs
+
+    def _run_kernel(self, mixer: Any, call: Call, lo: int, hi: int, initial: Any, final: bool) -> Any:
+        """The bound kernel (whatever it is) on tokens ``[lo, hi)`` of the call, from ``initial``."""
+        cls = type(mixer)
+        args, kwargs = cut(cls.CHUNK_ARGUMENTS, cls.FAST.tokens, call.arguments, lo, hi, initial, final)
+        return bound(modeling_of(mixer._module), cls.CHUNK_FUNCTION)(*args, **kwargs)
+
+    # -- reads ------------------------------------------------------------------------
+
+    def states(self, mixer: Any) -> torch.Tensor:
+        call = self.record(mixer, "states")
+        if call.decodes:
+            return mixer._read_state_output()[:, None]
+        spec = type(mixer).FAST
+        arguments = call.strategy["named"]
+        shape = spec.state_shape(arguments)
+        out = empty_states((shape[0], call.seq, *shape[1:]), call.expected[2])
+        # States are read, not trained through: no graph (the routed path's, built token by token, has one).
+        with torch.no_grad():
+            for lo, hi, initial in self._segments(call):
+                piece = {name: (x[:, lo:hi] if name in spec.tokens and isinstance(x, torch.Tensor) else x) for name, x in arguments.items()}
+                piece["state"] = initial
+                spec.compute(piece, out[:, lo:hi])
+        for t, value in call.writes.items():
+            out[:, t] = value
+        call.states_read = True
+        call.advance(call.seq - 1, "states")
+        return out
+
+    def state_after(self, mixer: Any, t: int) -> torch.Tensor:
+        what = f"state_after({t})"
+        call = self.record(mixer, what)
+        position = call.position(t, what)
+        if call.decodes:
+            return mixer._read_state_output()
+        if position in call.writes:
+            return call.writes[position]
+        lo, hi, initial = self._segments(call, position + 1)[-1]
+        final = self._run_kernel(mixer, call, lo, hi, initial, True)
+        call.advance(position, what)
+        return final[type(mixer).FINAL_STATE]
+
+    # -- writes -------------------------------------------------------------------------
+
+    def set_state_after(self, mixer: Any, t: int, value: torch.Tensor) -> None:
+        what = f"set_state_after({t}, value)"
+        call = self.record(mixer, what)
+        position = call.position(t, what)
+        check_expected(what, value, *call.expected)
+        if call.decodes:
+            return mixer._write_state_output(value)
+        call.check_open(what)
+        if call.states_read:
+            raise OrderError(order_hint(what, "states"))
+        if call.furthest is not None and call.furthest[0] >= position:
+            raise OrderError(order_hint(what, call.furthest[1]))
+        if call.writes and max(call.writes) >= position:
+            raise OrderError(order_hint(what, f"set_state_after({max(call.writes)}, value)"))
+        call.writes[position] = value
+        result = self._split_result(mixer, call)
+        if not call.strategy["served"]:
+            call.op.skip(result)
+            call.strategy["served"] = True
+        else:
+            Mediator.swap(f"{call.op.path}.output", result)
+
+    def _split_result(self, mixer: Any, call: Call) -> Any:
+        """What the call returns with its writes: the segments' outputs, and the final state."""
+        flag = bool(call.strategy["named"].get("final") or False)
+        results = [self._run_kernel(mixer, call, lo, hi, initial, flag) for lo, hi, initial in self._segments(call)]
+        if not isinstance(results[-1], tuple):
+            return torch.cat(results, dim=1)  # a kernel returning its output only (no final state asked)
+        result = replace_in(tuple(results[-1]), 0, torch.cat([r[0] for r in results], dim=1))
+        index = type(mixer).FINAL_STATE
+        if call.seq - 1 in call.writes and result[index] is not None:
+            result = replace_in(result, index, call.writes[call.seq - 1])
+        return result
+
+    def state(self, mixer: Any) -> torch.Tensor:
+        raise Unavailable("linear_attn.state", "the fast path has no per-token location for tracer.iter")
+
+    set_state = state  # type: ignore[assignment]
+
+
+def cut(table: dict, tokens: tuple, call: tuple, lo: int, hi: int, initial: Any, final: bool) -> tuple:
+    """``(args, kwargs)`` of ``call`` restricted to tokens ``[lo, hi)``, starting from ``initial``, asking for the final state."""
+    args, kwargs = call
+    for name in tokens:
+        where = table[name][0]
+        element = args[where] if isinstance(where, int) and where < len(args) else kwargs.get(where)
+        if isinstance(element, torch.Tensor):
+            args, kwargs = replace_in((args, kwargs), where, element[:, lo:hi])
+    for name, value in (("state", initial), ("final", final)):
+        args, kwargs = replace_in((args, kwargs), table[name][0], value)
+    return args, kwargs
+
+
+FROM_ARGUMENTS = FromArguments()

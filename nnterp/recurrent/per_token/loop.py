@@ -1,0 +1,161 @@
+"""`TokenLoop`: the state after every token, read once per token inside the routed token-by-token kernel.
+
+transformers' token-by-token kernel (the gated delta rule's decode kernel,
+Mamba-1's pure-torch scan) binds the state after each token's update once
+per token: ``STATE_OP`` (``last_recurrent_state_3``) fires ``seq`` times per
+call. ``route_kernels(family, "torch")`` binds a prompt's kernel name to that
+loop. Within one run the op's occurrences run on across calls, so the record
+keeps ``first``, the op's occurrence count when the call's kernel starts (the
+tokens earlier calls put through it): token ``t`` of this call is occurrence
+``first + t``, which a read pins (`nnterp.core.calls.pinned`).
+
+A write at ``t`` (`set_state_after`) leaves token ``t``'s own readout: the
+component's ``_continue_from`` writes the state token ``t + 1`` starts from
+(the decayed state on a DeltaNet, the next update on Mamba-1), and on the
+call's last token the kernel's returned final state.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+import torch
+from nnsight.intervention.interleaver import Mediator
+
+from ...core.calls import mediator, pinned
+from ...core.errors import OrderError, Unavailable
+from ...core.values import check_expected
+from ..call import KERNEL_RAN, Call, order_hint
+from ..kernels import bound, modeling_of, needs_torch_kernels, torch_function
+from .protocol import PerToken
+
+
+class TokenOp(NamedTuple):
+    """``(op, first, seq)``: the state binding under this call's kernel, its first token's occurrence, the call's length."""
+
+    op: Any
+    first: int
+    seq: int
+
+
+def needs_recurrent_routing(mixer: Any) -> Optional[str]:
+    """Why the per-token state is unavailable: only the token-by-token kernel materializes it."""
+    if mixer.STATE_OP is None:
+        return "this mixer's kernels do not materialize the state after each token"
+    reason = needs_torch_kernels(mixer)
+    if reason is not None:
+        return reason
+    modeling = modeling_of(mixer._module)
+    # Through the dispatcher or bound bare, what counts is the body a prompt runs (Mamba-1: the loop already).
+    if torch_function(bound(modeling, type(mixer).CHUNK_FUNCTION)) is not mixer.loop_function():
+        return (
+            "the state after each token is materialized only by the token-by-token kernel; the chunked kernel a "
+            "prompt runs through carries it between chunks. Call nnterp.route_kernels(model.family, 'torch') "
+            "before tracing this layer (slower, like attn_implementation='eager')"
+        )
+    return None
+
+
+def drill(op: Any) -> Any:
+    """The source inside a kernel call: through the hub dispatcher when the name is not routed."""
+    source = op.source
+    if "implementation_0" in source.names and "torch_function_0" in source.names:
+        source = source.implementation_0.source
+    return source
+
+
+class TokenLoop(PerToken):
+    """Reads and writes the state binding the token loop makes once per token."""
+
+    name = "token loop"
+
+    def unavailable(self, mixer: Any) -> Optional[str]:
+        return needs_recurrent_routing(mixer)
+
+    def require(self, mixer: Any, what: str) -> Call:
+        reason = self.unavailable(mixer)
+        if reason is not None:
+            raise Unavailable(f"linear_attn.{what}", reason)
+        mediator(f"`linear_attn.{what}`")
+        return self.record(mixer)
+
+    def record(self, mixer: Any) -> Call:
+        """This call's record, with the state op found under its kernel (once per call)."""
+        call = mixer._record()
+        if "op" not in call.strategy:
+            call.check_not_started("a per-token state", KERNEL_RAN)
+            source = drill(call.op)
+            label = mixer.STEP_STATE_OP if call.decodes and mixer.STEP_STATE_OP is not None else mixer.STATE_OP
+            node = getattr(source, label)
+            call.strategy.update(op=node, source=source, first=mediator().occurrence(f"{node.path}.output"))
+        return call
+
+    def token_op(self, mixer: Any) -> TokenOp:
+        call = self.record(mixer)
+        return TokenOp(call.strategy["op"], call.strategy["first"], call.seq)
+
+    def _pinned(self, call: Call, position: int) -> torch.Tensor:
+        with pinned(call.strategy["first"] + position):
+            return call.strategy["op"].output
+
+    def _reach(self, call: Call, position: int, what: str, op: Any = None) -> None:
+        call.reach(position, what, op or call.strategy["op"], call.strategy["first"])
+
+    def states(self, mixer: Any) -> torch.Tensor:
+        call = self.require(mixer, "states")
+        self._reach(call, 0, "states")
+        out = []
+        for position in range(call.seq):
+            out.append(self._pinned(call, position))
+            call.advance(position, "states")
+        return torch.stack(out, 1)
+
+    def state_after(self, mixer: Any, t: int) -> torch.Tensor:
+        what = f"state_after({t})"
+        call = self.require(mixer, "state_after")
+        position = call.position(t, what)
+        if position in call.writes:
+            return call.writes[position]
+        self._reach(call, position, what)
+        return self._pinned(call, position)
+
+    def set_state_after(self, mixer: Any, t: int, value: torch.Tensor) -> None:
+        what = f"set_state_after({t}, value)"
+        call = self.require(mixer, "set_state_after")
+        position = call.position(t, what)
+        check_expected(what, value, *call.expected)
+        self._reach(call, position, what)
+        if position + 1 < call.seq:
+            self._reach(call, position + 1, what, op=mixer._continue_op(call))
+            mixer._continue_from(call, position, value)
+        else:
+            mixer._write_state_output(value)
+        call.writes[position] = value
+        call.advance(position + 1, what)
+
+    def location(self, mixer: Any) -> str:
+        with pinned(None):
+            call = self.record(mixer)
+        return call.strategy["op"].path[len(mixer.path) + 1:] + ".output"
+
+    def state(self, mixer: Any) -> torch.Tensor:
+        self.require_iteration(mixer)
+        return Mediator.value(f"{mixer.path}.{self.location(mixer)}")
+
+    def set_state(self, mixer: Any, value: torch.Tensor) -> None:
+        self.require_iteration(mixer)
+        with pinned(None):
+            call = self.record(mixer)
+        check_expected("`linear_attn.state`", value, *call.expected)
+        Mediator.swap(f"{mixer.path}.{self.location(mixer)}", value)
+
+    def require_iteration(self, mixer: Any) -> None:
+        reason = self.unavailable(mixer)
+        if reason is not None:
+            raise Unavailable("linear_attn.state", reason)
+        mediator("`linear_attn.state`")
+
+
+TOKEN_LOOP = TokenLoop()
+
+__all__ = ["TokenLoop", "TOKEN_LOOP", "TokenOp", "needs_recurrent_routing", "drill", "OrderError", "order_hint"]

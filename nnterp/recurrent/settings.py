@@ -1,0 +1,119 @@
+"""Per-model settings, held by nnterp on its own envoys: which way a mixer serves the state after every token.
+
+A `StandardizedTransformer` owns its envoy tree, which outlives loading the
+weights (``dispatch``), travels with the model when a trace is serialized and
+is never shared between two models. So these settings are attributes of the
+mixers' envoys (``PER_TOKEN``), never of transformers' modules or of the
+process:
+
+* `fast_states(model)`: ``"fast"``, the state after every token computed from
+  the kernel call's own arguments (`nnterp.recurrent.per_token.from_arguments`);
+* `chunk_per_token(model)`: ``"chunks"``, Mamba-2's chunk scan run with every
+  token a chunk boundary (`nnterp.recurrent.per_token.boundaries`).
+
+``route_kernels(family, ...)`` is the one process-wide switch, the low-level
+knob the spec describes. Each function returns a `Setting`; as a context
+manager it restores, on exit, what each mixer had before it, so nested blocks
+unwind in order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from ..core.calls import in_trace
+from ..core.errors import NnterpError, RoutingError
+
+#: Attribute of a mixer envoy holding its per-token setting: ``None``, ``"fast"`` or ``"chunks"``.
+PER_TOKEN = "_nnterp_per_token"
+
+
+def per_token_setting(mixer: Any) -> Optional[str]:
+    """The mixer's per-token setting (``None`` when its model set none)."""
+    return mixer.__dict__.get(PER_TOKEN)
+
+
+class Setting:
+    """What a setting function changed; as a context manager, restores each mixer's previous setting on exit."""
+
+    def __init__(self, name: str, mixers: list, previous: list, enabled: bool) -> None:
+        self.name, self.mixers, self.previous, self.enabled = name, mixers, previous, enabled
+
+    def __enter__(self) -> "Setting":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for mixer, before in zip(self.mixers, self.previous):
+            _store(mixer, before)
+
+    def __repr__(self) -> str:
+        return f"{self.name}({len(self.mixers)} mixers, enabled={self.enabled})"
+
+
+def _store(mixer: Any, value: Optional[str]) -> None:
+    object.__setattr__(mixer, PER_TOKEN, value)
+
+
+def _mixers(model: Any, what: str) -> list:
+    if in_trace():
+        raise RoutingError(
+            f"{what} was called inside a running trace, where the mixers may already have run; call it before "
+            "`with model.trace(...)` / `model.generate(...)`"
+        )
+    layers = getattr(model, "layers", None)
+    if layers is None:
+        raise NnterpError(f"{what} takes a StandardizedTransformer, got {type(model).__name__}")
+    return [layer.linear_attn for layer in layers if getattr(layer, "linear_attn", None) is not None]
+
+
+def _apply(model: Any, what: str, value: str, enabled: bool, applies: Callable[[Any], bool], none: str) -> Setting:
+    mixers = [mixer for mixer in _mixers(model, what) if applies(mixer)]
+    if not mixers:
+        raise NnterpError(none)
+    previous = [per_token_setting(mixer) for mixer in mixers]
+    for mixer, before in zip(mixers, previous):
+        if enabled:
+            _store(mixer, value)
+        elif before == value:
+            _store(mixer, None)
+    return Setting(what, mixers, previous, enabled)
+
+
+def fast_states(model: Any, enabled: bool = True) -> Setting:
+    """Serve ``states``, ``state_after`` and ``set_state_after`` of ``model``'s mixers from the kernel call's arguments.
+
+    Per model, on every mixer whose component has a fast path (``FAST``),
+    until ``enabled=False``; ``with nnterp.fast_states(model):`` restores on
+    exit. No routing is needed, and an optimized kernel (flash-linear-attention,
+    mamba_ssm) may stay bound. Call it outside a trace.
+    """
+    def applies(mixer: Any) -> bool:
+        return getattr(type(mixer), "FAST", None) is not None
+
+    kinds = sorted({type(mixer).__name__ for mixer in _mixers(model, "fast_states")}) or ["none"]
+    return _apply(
+        model, "fast_states", "fast", enabled, applies,
+        f"{type(model).__name__} has no mixer with a fast path (mixers: {', '.join(kinds)}); it covers the gated "
+        "DeltaNet, Kimi delta attention and Mamba-2",
+    )
+
+
+def chunk_per_token(model: Any, enabled: bool = True) -> Setting:
+    """Make every token a chunk boundary of the chunk scan on every `StateSpace` mixer of ``model``.
+
+    Then ``state``, ``states``, ``state_after`` and ``set_state_after`` of
+    those mixers serve the state after every token: a call whose per-token
+    states a trace reads runs its chunk scan with ``chunk_size=1`` (the same
+    outputs to float rounding, slower on long prompts). ``enabled=False``
+    turns it off. Per model, held by nnterp (the modules' ``chunk_size`` is
+    untouched); call it outside a trace. ``with nnterp.chunk_per_token(model):``
+    restores on exit.
+    """
+    def applies(mixer: Any) -> bool:
+        return getattr(type(mixer), "CHUNKED_SCAN", False)
+
+    return _apply(
+        model, "chunk_per_token", "chunks", enabled, applies,
+        f"{type(model).__name__} has no Mamba-2 (StateSpace) mixer whose chunk size to set: chunk_per_token "
+        "applies to models with a chunked state-space scan",
+    )
