@@ -20,6 +20,7 @@ import nnterp
 from nnterp import StandardizedTransformer
 from nnterp import fast_states
 from nnterp.fast import empty_cache
+from nnterp.recurrent.per_token.from_arguments import FROM_ARGUMENTS
 
 from .timing import Method
 
@@ -187,7 +188,8 @@ def arguments(model: Any, ids: torch.Tensor, paths: Paths) -> list:
     try:
         with torch.no_grad(), model.trace(ids):
             for mix in mixers(model):
-                captured.append(mix._fast_call("states").arguments)
+                # The strategy's own record of the call: its arguments by the signature table's names.
+                captured.append(FROM_ARGUMENTS.record(mix, "states").strategy["named"])
     finally:
         paths.default()
     return captured
