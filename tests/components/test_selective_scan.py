@@ -1,19 +1,16 @@
-"""SelectiveScan (Mamba-1) on the tiny ``mamba`` checkpoint: the suite, and the spec's block as written."""
+"""SelectiveScan (Mamba-1): its kernels' argument tables, and the spec's block as written on the tiny ``mamba`` checkpoint.
+
+The Mamba-1 oracle suite runs for the family in tests/families/test_mamba.py.
+"""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from nnterp.recurrent.arguments import CHANNELS_FIRST, ONE_TOKEN
 from nnterp.components.selective_scan import SelectiveScan
-from tests.families.selective_scan import SelectiveScanSuite
 from tests.blocks import check_printed, run_block
-from tests.families.standins import compiled_kernels, mixer_kernels
-
-
-class TestMamba(SelectiveScanSuite):
-    MODEL_TYPE = "mamba"
+from tests.suites.standins import compiled_kernels, mixer_kernels
 
 
 def test_the_two_kernels_hold_each_argument_in_their_own_place_and_layout():

@@ -1,4 +1,7 @@
-"""StateSpace (Mamba-2) on the tiny ``mamba2`` checkpoint: the SSD suite, and the spec's block as written."""
+"""StateSpace (Mamba-2): its kernels' argument layouts, and the spec's block as written on the tiny ``mamba2`` checkpoint.
+
+The SSD oracle suite runs for the family in tests/families/test_mamba2.py.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +10,6 @@ import torch
 from nnterp.recurrent.arguments import ONE_TOKEN_PER_HEAD, PER_HEAD
 from nnterp.components.state_space import StateSpace
 from tests.blocks import check_printed, run_block
-from tests.families.ssd import SSDSuite
-
-
-class TestMamba2(SSDSuite):
-    MODEL_TYPE = "mamba2"
 
 
 def test_decode_values_are_served_per_head_and_laid_back_expanded():

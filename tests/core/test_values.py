@@ -1,4 +1,4 @@
-"""EProperty / DerivedEProperty / per_call on a toy module, independent of any family."""
+"""EProperty / DerivedEProperty on a toy module, independent of any family (per_call and pinned: test_calls.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from nnsight import NNsight
 
 from nnterp import NotInTrace, ReadOnlyValue, Unavailable
-from nnterp.core.calls import mediator, per_call, pinned
+from nnterp.core.calls import mediator
 from nnterp.core.standard import Standard
 from nnterp.core.values import DerivedEProperty, EProperty, Key, Unwrap
 
@@ -109,18 +109,6 @@ def test_outside_a_trace_a_value_says_where_to_read_it(toy):
         toy.pair.doubled
     with pytest.raises(NotInTrace):
         mediator()
-
-
-def test_per_call_computes_once_per_call_and_pinned_restores_the_pin(toy):
-    calls, results = [], []  # bound outside: a list first bound in the block does not survive it
-    with toy.trace(torch.ones(2)):
-        results.append(per_call(toy.pair, "k", lambda: calls.append(1) or len(calls)))
-        results.append(per_call(toy.pair, "k", lambda: calls.append(1) or len(calls)))
-        results.append(mediator().iteration)
-        with pinned(5):
-            results.append(mediator().iteration)
-        results.append(mediator().iteration)
-    assert results == [1, 1, 0, 5, 0]
 
 
 def test_values_are_listed_in_declaration_order_with_descriptions():

@@ -1,10 +1,7 @@
-"""Qwen3.5: the gated-DeltaNet oracle suite (tests/families/gdn.py); the DeltaNet's own tests are in tests/components/."""
+"""Qwen3.5: the gated-DeltaNet oracle suite (tests/suites/gated_deltanet.py); the DeltaNet's own tests are in tests/components/."""
 
-import pytest
-
-from tests.families.gdn import *  # noqa: F401,F403  (the shared suite, run for this family)
+from tests.suites.gated_deltanet import GatedDeltaNetSuite
 
 
-@pytest.fixture(scope="module")
-def model_type():
-    return "qwen3_5_text"
+class TestQwen3_5Text(GatedDeltaNetSuite):
+    MODEL_TYPE = "qwen3_5_text"

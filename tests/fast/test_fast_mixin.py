@@ -1,10 +1,9 @@
-"""The fast path on a model (`nnterp.fast.mixin`), through mixers that inherit `FastStates`, against HF-cache oracles.
+"""The fast path on a model (`nnterp.fast_states`), against HF-cache oracles.
 
-Until the components carry the mixin, each test model is loaded with the
-family's mixer component swapped for a subclass of it that does
-(`nnterp.fast.fast_component`). The oracles are the same as the routed path's: transformers' own cache
-after each prefix, a forward continued token by token from a replaced
-cached state, and a plain greedy loop with a state replaced.
+On Qwen3.5 first, in depth, then on every registered family whose mixer has a
+fast path (a ``FAST`` spec). The oracles are the same as the routed path's:
+transformers' own cache after each prefix, a forward continued token by token
+from a replaced cached state, and a plain greedy loop with a state replaced.
 """
 
 from __future__ import annotations
@@ -14,41 +13,24 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import nnterp
-import nnterp.families.kimi_linear as kimi_family
-import nnterp.families.mamba2 as mamba2_family
-import nnterp.families.olmo_hybrid as olmo_family
-import nnterp.families.qwen3_5_text as qwen_family
-import nnterp.families.qwen3_next as next_family
 import nnterp.standardized
 from nnterp import NnterpError, OrderError, RoutingError, StandardizedTransformer
-from nnterp.components.kimi_delta_attention import KimiDeltaAttention
-from nnterp.components.linear_attention import LinearAttention
 from nnterp.components.state_space import StateSpace
-from nnterp.fast import GATED_DELTA, KIMI_DELTA, SSD, fast_component, fast_states
+from nnterp.fast import fast_states
+from nnterp.families import REGISTRY
 from tests.reference import hf_oracles as hf
 
 PROMPT = "The Eiffel Tower is in the city of"
 OTHER = "My favourite food is pizza with"
 NEW = 4
 
-
-# The components as they are, or with the mixin once wired (`fast_component` returns a wired class itself).
-FastLinearAttention = fast_component(LinearAttention, GATED_DELTA)
-FastKimiDeltaAttention = fast_component(KimiDeltaAttention, KIMI_DELTA)
-FastStateSpace = fast_component(StateSpace, SSD)
-FastQwen3NextLinearAttention = fast_component(next_family.Qwen3NextLinearAttention, GATED_DELTA)
-FastOlmoHybridLinearAttention = fast_component(olmo_family.OlmoHybridLinearAttention, GATED_DELTA)
-
-
-def load_with(family, hf_class, component, checkpoint):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(family.COMPONENTS, hf_class, component)
-        return StandardizedTransformer(str(checkpoint(family.MODEL_TYPES[0])), dispatch=True, device="cpu")
+#: Every registered family whose mixer has a fast path, by its own model_type (not an alias).
+FAST = [t for t in REGISTRY if REGISTRY[t].MODEL_TYPES[0] == t and getattr(REGISTRY[t].MIXER, "FAST", None) is not None]
 
 
 @pytest.fixture(scope="module")
-def model(checkpoint):
-    loaded = load_with(qwen_family, qwen_family.MODELING.Qwen3_5GatedDeltaNet, FastLinearAttention, checkpoint)
+def model(load):
+    loaded = load("qwen3_5_text")
     fast_states(loaded)
     return loaded
 
@@ -112,7 +94,7 @@ def test_state_after_is_the_kernel_on_the_prefix(model, plain, ids):
 
 
 def test_support_follows_the_flag_and_keeps_the_routing_reason_off(checkpoint, model):
-    fresh = load_with(qwen_family, qwen_family.MODELING.Qwen3_5GatedDeltaNet, FastLinearAttention, checkpoint)
+    fresh = StandardizedTransformer(str(checkpoint("qwen3_5_text")), dispatch=True, device="cpu")
     reference = StandardizedTransformer(str(checkpoint("qwen3_5_text")), dispatch=True, device="cpu")
     assert fresh.support()["linear_attn.states"] == reference.support()["linear_attn.states"]
     assert "route_kernels" in fresh.support()["linear_attn.states"][0]
@@ -280,26 +262,18 @@ def test_the_switch_is_per_model_outside_traces(model, checkpoint):
     assert model.support()["linear_attn.states"] is None
 
 
-# -- every family: Kimi delta attention and Mamba-2 as well -----------------------------------------
+# -- every family with a fast path: the delta rules (per head, per key channel) and Mamba-2's SSD -----
 
-FAMILIES = {
-    "qwen3_5_text": (qwen_family, qwen_family.MODELING.Qwen3_5GatedDeltaNet, FastLinearAttention),
-    "qwen3_next": (next_family, next_family.MODELING.Qwen3NextGatedDeltaNet, FastQwen3NextLinearAttention),
-    "olmo_hybrid": (olmo_family, olmo_family.MODELING.OlmoHybridGatedDeltaNet, FastOlmoHybridLinearAttention),
-    "kimi_linear": (kimi_family, kimi_family.MODELING.KimiLinearDeltaAttention, FastKimiDeltaAttention),
-    "mamba2": (mamba2_family, mamba2_family.MODELING.Mamba2Mixer, FastStateSpace),
-}
 LONG = PROMPT + " " + OTHER + " " + PROMPT  # several of Mamba-2's 8-token chunks
 
 
 @pytest.fixture(scope="module")
-def loaded(checkpoint):
+def loaded(load, checkpoint):
     cache = {}
 
     def get(model_type):
         if model_type not in cache:
-            family, hf_class, component = FAMILIES[model_type]
-            fast = load_with(family, hf_class, component, checkpoint)
+            fast = load(model_type)
             fast_states(fast)
             cache[model_type] = (fast, AutoModelForCausalLM.from_pretrained(checkpoint(model_type)).eval())
         return cache[model_type]
@@ -318,7 +292,7 @@ def state_donor(mix, scale=2.0, seed=3):
 
 def per_token_path(model):
     """The spec's own way to every token's state on this family (routing, or a chunk size of one)."""
-    if model.family is mamba2_family:
+    if issubclass(model.family.MIXER, StateSpace):
         return nnterp.chunk_per_token(model)
     return nnterp.route_kernels(model.family, "torch")
 
@@ -327,7 +301,7 @@ def tolerance(expected):
     return {"rtol": 1e-4, "atol": 1e-5 * max(1.0, expected.abs().max().item())}
 
 
-@pytest.mark.parametrize("model_type", list(FAMILIES))
+@pytest.mark.parametrize("model_type", FAST)
 def test_every_family_states_equal_the_cache_and_the_spec_path(loaded, model_type):
     model, plain = loaded(model_type)
     ids = model.tokenizer(LONG, return_tensors="pt").input_ids
@@ -341,7 +315,7 @@ def test_every_family_states_equal_the_cache_and_the_spec_path(loaded, model_typ
     torch.testing.assert_close(states, spec_states, **tolerance(expected))
 
 
-@pytest.mark.parametrize("model_type", list(FAMILIES))
+@pytest.mark.parametrize("model_type", FAST)
 def test_every_family_left_padded_batch(loaded, model_type):
     model, plain = loaded(model_type)
     with torch.no_grad(), model.trace([PROMPT, OTHER]):
@@ -353,7 +327,7 @@ def test_every_family_left_padded_batch(loaded, model_type):
         torch.testing.assert_close(states[row, pad:], expected, **tolerance(expected))
 
 
-@pytest.mark.parametrize("model_type", list(FAMILIES))
+@pytest.mark.parametrize("model_type", FAST)
 @pytest.mark.parametrize("T", [2, -3])
 def test_every_family_set_state_after_continues_like_a_replaced_cache(loaded, model_type, T):
     model, plain = loaded(model_type)

@@ -1,15 +1,15 @@
-"""`SSDSuite`: the tests every Mamba-2-like family (state space duality, `StateSpace`) passes.
+"""`StateSpaceSuite`: the tests every Mamba-2-like family (state space duality, `StateSpace`) passes.
 
 A family's test file mixes it in and names its checkpoint::
 
-    class TestMamba2(SSDSuite):
+    class TestMamba2(StateSpaceSuite):
         MODEL_TYPE = "mamba2"
 
 Oracles independent of nnterp: transformers' cache after a plain forward over
 each prefix, a plain forward continued token by token from a replaced cached
 state, a plain greedy loop, and the SSD recurrence written token by token
 (tests/reference/recurrences.py). The decode-step and optimized-kernel tests
-come from `MambaFixtures`, shared with the Mamba-1 suite.
+come from `MambaSuite`, shared with the Mamba-1 suite.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import torch
 
 import nnterp
 from nnterp import NnterpError, OrderError, RoutingError, Unavailable
-from tests.families.selective_scan import OTHER, PROMPT, TOL, MambaFixtures
-from tests.families.steps import assert_generate_steps_read_their_own_call
 from tests.reference import hf_oracles as hf
 from tests.reference.recurrences import ssd
+from tests.suites.mamba import OTHER, PROMPT, TOL, MambaSuite
+from tests.suites.steps import assert_generate_steps_read_their_own_call
 
 
-class SSDSuite(MambaFixtures):
+class StateSpaceSuite(MambaSuite):
     """Tests of a Mamba-2-like mixer: set ``MODEL_TYPE``."""
 
     @pytest.fixture

@@ -1,4 +1,9 @@
-"""Oracle checks shared by every gated-DeltaNet family (and Kimi's delta attention), on any transformers release.
+"""`GatedDeltaNetSuite`: the oracle checks every gated-DeltaNet family (and Kimi's delta attention) passes, on any transformers release.
+
+A family's test file mixes it in and names its checkpoint::
+
+    class TestQwen3Next(GatedDeltaNetSuite):
+        MODEL_TYPE = "qwen3_next"
 
 Every check compares what nnterp reads or writes on a family's ``linear_attn``
 with an oracle that does not use nnterp: transformers' own cache after a plain
@@ -8,13 +13,8 @@ a plain greedy loop with a state replaced before a decode step
 (`hf_oracles.greedy`), and the recurrence written from the paper
 (`recurrences.gated_delta_rule`, `recurrences.kimi_delta_attention`).
 
-Two ways to use this module:
-
-* the ``assert_*`` functions take the standardized model, the plain
-  transformers model and the prompt ids, for any test to call;
-* a family's test file provides a ``model_type`` fixture and imports the
-  fixtures and ``test_*`` functions below (``from tests.families.gdn import *``),
-  so each family runs the same suite under its own name.
+The ``assert_*`` functions take the standardized model, the plain transformers
+model and the prompt ids, for a family's own tests to call with other arguments.
 """
 
 from __future__ import annotations
@@ -31,39 +31,11 @@ from nnterp.components.linear_attention import LinearAttention
 from nnterp.testing import tiny_config, tiny_tokenizer
 from tests.reference import hf_oracles as hf
 from tests.reference.recurrences import gated_delta_rule, kimi_delta_attention
+from tests.suites.checkpoint import PROMPT, CheckpointFixtures
 
-PROMPT = "The Eiffel Tower is in the city of"
 NEW = 4
 #: Values read inside the token-by-token kernel, served only after ``route_kernels(family, "torch")``.
 PER_TOKEN = ("state", "states")
-
-__all__ = [
-    "PROMPT",
-    "NEW",
-    "recurrent_layers",
-    "donor_state",
-    "reference_recurrence",
-    "greedy",
-    "assert_support_serves_every_value",
-    "assert_layer_map_follows_the_config",
-    "assert_states_equal_the_cache_after_each_prefix",
-    "assert_kernel_arguments_reproduce_states",
-    "assert_set_state_after_continues_like_a_replaced_cache",
-    "assert_state_input_on_a_decode_step_generates_like_hf",
-    "assert_state_output_of_each_step_is_the_cache",
-    "model",
-    "plain",
-    "ids",
-    "routed",
-    "test_every_linear_attention_value_is_served",
-    "test_layer_map_follows_the_config_not_a_pattern",
-    "test_mlp_is_the_whole_feed_forward_block",
-    "test_states_equal_the_cache_after_each_prefix",
-    "test_kernel_arguments_reproduce_states_through_the_paper_recurrence",
-    "test_set_state_after_continues_like_a_replaced_cache",
-    "test_state_input_on_a_decode_step_generates_like_hf",
-    "test_state_output_of_each_step_is_the_cache",
-]
 
 
 # -- helpers ----------------------------------------------------------------------------
@@ -217,62 +189,34 @@ def assert_state_output_of_each_step_is_the_cache(model, plain, ids, layer: int,
     assert torch.equal(result, greedy(plain, ids, new))
 
 
-# -- fixtures and tests a family file imports (it provides `model_type`) -------------------
+class GatedDeltaNetSuite(CheckpointFixtures):
+    """Tests of a gated-DeltaNet mixer (`LinearAttention`, `KimiDeltaAttention`): set ``MODEL_TYPE``."""
 
+    def test_every_linear_attention_value_is_served(self, model):
+        assert_support_serves_every_value(model)
 
-@pytest.fixture(scope="module")
-def model(load, model_type):
-    return load(model_type)
+    def test_layer_map_follows_the_config_not_a_pattern(self):
+        assert_layer_map_follows_the_config(self.MODEL_TYPE, ["full_attention", "linear_attention", "full_attention", "linear_attention"])
 
+    def test_mlp_is_the_whole_feed_forward_block(self, model):
+        hf_layers = model._at(model.family.LAYERS)
+        for index, layer in enumerate(model.layers):
+            assert layer.mlp is not None and layer.mlp._module is hf_layers[index]._module.mlp, f"layer {index}"
 
-@pytest.fixture(scope="module")
-def plain(checkpoint, model_type):
-    return AutoModelForCausalLM.from_pretrained(checkpoint(model_type)).eval()
+    @pytest.mark.parametrize("layer", [0, 2])
+    def test_states_equal_the_cache_after_each_prefix(self, routed, plain, ids, layer):
+        assert_states_equal_the_cache_after_each_prefix(routed, plain, ids, layer)
 
+    def test_kernel_arguments_reproduce_states_through_the_paper_recurrence(self, routed):
+        assert_kernel_arguments_reproduce_states(routed, 1)
 
-@pytest.fixture(scope="module")
-def ids(model):
-    return model.tokenizer(PROMPT, return_tensors="pt").input_ids
+    @pytest.mark.parametrize("T", [0, 3, -2])
+    def test_set_state_after_continues_like_a_replaced_cache(self, routed, plain, ids, T):
+        assert_set_state_after_continues_like_a_replaced_cache(routed, plain, ids, 1, T)
 
+    @pytest.mark.parametrize("step", [1, 2])
+    def test_state_input_on_a_decode_step_generates_like_hf(self, model, plain, ids, step):
+        assert_state_input_on_a_decode_step_generates_like_hf(model, plain, ids, step)
 
-@pytest.fixture
-def routed(model):
-    with nnterp.route_kernels(model.family, "torch"):
-        yield model
-
-
-def test_every_linear_attention_value_is_served(model):
-    assert_support_serves_every_value(model)
-
-
-def test_layer_map_follows_the_config_not_a_pattern(model_type):
-    assert_layer_map_follows_the_config(model_type, ["full_attention", "linear_attention", "full_attention", "linear_attention"])
-
-
-def test_mlp_is_the_whole_feed_forward_block(model):
-    hf_layers = model._at(model.family.LAYERS)
-    for index, layer in enumerate(model.layers):
-        assert layer.mlp is not None and layer.mlp._module is hf_layers[index]._module.mlp, f"layer {index}"
-
-
-@pytest.mark.parametrize("layer", [0, 2])
-def test_states_equal_the_cache_after_each_prefix(routed, plain, ids, layer):
-    assert_states_equal_the_cache_after_each_prefix(routed, plain, ids, layer)
-
-
-def test_kernel_arguments_reproduce_states_through_the_paper_recurrence(routed):
-    assert_kernel_arguments_reproduce_states(routed, 1)
-
-
-@pytest.mark.parametrize("T", [0, 3, -2])
-def test_set_state_after_continues_like_a_replaced_cache(routed, plain, ids, T):
-    assert_set_state_after_continues_like_a_replaced_cache(routed, plain, ids, 1, T)
-
-
-@pytest.mark.parametrize("step", [1, 2])
-def test_state_input_on_a_decode_step_generates_like_hf(model, plain, ids, step):
-    assert_state_input_on_a_decode_step_generates_like_hf(model, plain, ids, step)
-
-
-def test_state_output_of_each_step_is_the_cache(model, plain, ids):
-    assert_state_output_of_each_step_is_the_cache(model, plain, ids, 2)
+    def test_state_output_of_each_step_is_the_cache(self, model, plain, ids):
+        assert_state_output_of_each_step_is_the_cache(model, plain, ids, 2)

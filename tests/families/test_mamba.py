@@ -1,0 +1,7 @@
+"""Mamba: the Mamba-1 oracle suite (tests/suites/selective_scan.py); the scan's own tests are in tests/components/."""
+
+from tests.suites.selective_scan import SelectiveScanSuite
+
+
+class TestMamba(SelectiveScanSuite):
+    MODEL_TYPE = "mamba"

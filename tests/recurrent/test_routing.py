@@ -1,0 +1,127 @@
+"""`route_kernels` (and its alias `route_delta_rule`) and `refused_device`: which kernel a family's modeling module binds.
+
+Routing is process-wide: it rebinds the kernel names in transformers' modeling
+module, so every test here leaves them as transformers bound them at import
+(conftest's autouse check). Oracles: the identity of the functions bound in the
+modeling modules, transformers' own pure-torch bodies, and the logits of the
+unrouted model.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nnterp
+from nnterp import RoutingError
+from nnterp.recurrent import kernels
+from nnterp.recurrent.kernels import STASH
+from nnterp.recurrent.routing import refused_device
+from nnterp.families import FAMILIES
+from tests.suites.standins import compiled_kernels, mixer_kernels
+
+PROMPT = "The Eiffel Tower is in the city of"
+RECURRENT = [family for family in FAMILIES if family.MIXER is not None]
+#: One family per mixer kind whose routing the tests below exercise on a model: Mamba-1 and a gated DeltaNet.
+ON_A_MODEL = ["mamba", "qwen3_5_text"]
+
+
+@pytest.fixture(scope="module")
+def mamba(load):
+    return load("mamba")
+
+
+@pytest.fixture(scope="module")
+def qwen(load):
+    return load("qwen3_5_text")
+
+
+@pytest.mark.parametrize("family", RECURRENT, ids=lambda f: f.__name__.rsplit(".", 1)[-1])
+def test_route_kernels_binds_the_pure_torch_bodies_and_default_restores_identity(family):
+    modeling, mixer = family.MODELING, family.MIXER
+    names = (mixer.CHUNK_FUNCTION, mixer.RECURRENT_FUNCTION, *mixer.CONV_FUNCTIONS)
+    originals = {name: modeling.__dict__[name] for name in names}
+    nnterp.route_kernels(family, "torch")
+    try:
+        for name in names:
+            assert modeling.__dict__[name] is kernels.torch_function(originals[name]) or name == mixer.CHUNK_FUNCTION
+        chunk = modeling.__dict__[mixer.CHUNK_FUNCTION]
+        if mixer.STATE_OP is not None and mixer.STEP_STATE_OP is None:  # a DeltaNet: prompts run the loop
+            assert chunk is kernels.torch_function(originals[mixer.RECURRENT_FUNCTION])
+        else:  # Mamba-1's prompt kernel is its own loop; Mamba-2 keeps its chunk scan
+            assert chunk is kernels.torch_function(originals[mixer.CHUNK_FUNCTION])
+    finally:
+        nnterp.route_kernels(family, "default")
+    for name, fn in originals.items():
+        assert modeling.__dict__[name] is fn and modeling.__dict__[STASH][name] is fn, name
+
+
+def test_chunked_and_routed_kernels_agree_and_default_restores(qwen):
+    import transformers.models.qwen3_5.modeling_qwen3_5 as modeling
+
+    originals = {name: modeling.__dict__[name] for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")}
+    with torch.no_grad(), qwen.trace(PROMPT):
+        chunked = qwen.next_token_probs.save()
+    nnterp.route_delta_rule(qwen.family, "recurrent")
+    assert modeling.torch_chunk_gated_delta_rule is not originals["torch_chunk_gated_delta_rule"]
+    try:
+        with torch.no_grad(), qwen.trace(PROMPT):
+            recurrent = qwen.next_token_probs.save()
+    finally:
+        nnterp.route_delta_rule(qwen.family, "chunked")
+    for name, fn in originals.items():
+        assert modeling.__dict__[name] is fn, name
+        assert modeling.__dict__[STASH][name] is fn, name
+    torch.testing.assert_close(recurrent, chunked, rtol=0, atol=1e-5)
+
+
+def test_route_kernels_as_a_with_block_restores_the_previous_binding(qwen):
+    modeling = qwen.family.MODELING
+    before = modeling.torch_chunk_gated_delta_rule
+    with nnterp.route_kernels(qwen.family, "torch"):
+        routed_fn = modeling.torch_chunk_gated_delta_rule
+        with nnterp.route_kernels(qwen.family, "default"):
+            assert modeling.torch_chunk_gated_delta_rule is before
+        assert modeling.torch_chunk_gated_delta_rule is routed_fn
+    assert modeling.torch_chunk_gated_delta_rule is before
+
+
+@pytest.mark.parametrize("model_type", ON_A_MODEL)
+def test_routing_inside_a_trace_raises_and_changes_nothing(load, model_type):
+    model = load(model_type)
+    modeling = model.family.MODELING
+    names = mixer_kernels(model.family.MIXER)
+    before = {name: modeling.__dict__[name] for name in names}
+    with pytest.raises(RoutingError, match="inside a running trace"), model.trace(PROMPT):
+        nnterp.route_kernels(model.family, "torch")
+    assert all(modeling.__dict__[name] is before[name] for name in names)
+
+
+@pytest.mark.parametrize("model_type", ON_A_MODEL)
+def test_routing_reaches_a_mixer_already_instrumented(checkpoint, model_type):
+    """nnsight compiles a forward over a copy of its globals: routing must reach it anyway, past a compiled kernel too."""
+    model = nnterp.StandardizedTransformer(str(checkpoint(model_type)), dispatch=True, device="cpu")
+    mix = model.layers[0].linear_attn
+    with torch.no_grad(), model.trace(PROMPT):
+        mix.state_output.save()  # instruments the forward over the bindings of the moment
+    with compiled_kernels(model.family.MODELING, mixer_kernels(model.family.MIXER)):
+        ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
+        with pytest.raises(RuntimeError, match="is_cuda"), torch.no_grad():
+            model._module(ids)  # unrouted, the instrumented forward (inert outside a trace) reaches the stand-in
+        with nnterp.route_kernels(model.family, "torch"):
+            assert model.support()["linear_attn.states"] is None
+            with torch.no_grad(), model.trace(PROMPT):  # routed: the same mixer runs the pure-torch bodies
+                states = mix.states.save()
+                final = mix.state_output.save()
+    assert states.shape[1] == len(model.tokenizer(PROMPT).input_ids)
+    assert torch.equal(states[:, -1], final)
+
+
+def test_refused_device_names_route_kernels_only_where_a_compiled_kernel_would_refuse(mamba, load):
+    assert refused_device(mamba) is None
+    assert refused_device(load("llama")) is None, "a family without a recurrent mixer"
+    with compiled_kernels(mamba.family.MODELING, ["causal_conv1d_fn"]):
+        reason = refused_device(mamba)
+        assert "causal_conv1d" in reason and "route_kernels(model.family, 'torch')" in reason
+        with nnterp.route_kernels(mamba.family, "torch"):
+            assert refused_device(mamba) is None
