@@ -133,6 +133,9 @@ class FromArguments(PerToken):
         check_expected(what, value, *call.expected)
         if call.decodes:
             return mixer._write_state_output(value)
+        if not call.strategy["served"]:
+            # The first write skips the kernel call, so it must come before the call starts.
+            call.check_not_started(what, "this call's kernel had already started (state_output, attention_output or a later value was read first)")
         call.check_open(what)
         if call.states_read:
             raise OrderError(order_hint(what, "states"))

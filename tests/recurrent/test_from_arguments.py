@@ -16,7 +16,7 @@ import nnterp
 import nnterp.standardized
 from nnterp import NnterpError, OrderError, RoutingError, StandardizedTransformer
 from nnterp.components.state_space import StateSpace
-from nnterp.fast import fast_states
+from nnterp import fast_states
 from nnterp.families import REGISTRY
 from tests.reference import hf_oracles as hf
 
