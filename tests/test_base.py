@@ -16,13 +16,13 @@ from nnterp import RoutingError
 from nnterp.components import kernels
 from nnterp.components.routing import STASH, refused_device
 from nnterp.core.calls import mediator, per_call, pinned
-from nnterp.families import FAMILIES
+from nnterp.families import families
 from tests.families.standins import compiled_kernels, mixer_kernels
 from tests.reference import hf_oracles as hf
 
 PROMPT = "The Eiffel Tower is in the city of"
 OTHER = "My favourite food is pizza with"
-RECURRENT = [family for family in FAMILIES if family.MIXER is not None]
+RECURRENT = [family for family in families() if family.MIXER is not None]
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,7 @@ def test_kernel_is_the_prompts_for_several_tokens_over_a_cache_and_the_updates_f
 # -- routing ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", RECURRENT, ids=lambda f: f.__name__.rsplit(".", 1)[-1])
+@pytest.mark.parametrize("family", RECURRENT, ids=lambda f: f.NAME)
 def test_route_kernels_binds_the_pure_torch_bodies_and_default_restores_identity(family):
     modeling, mixer = family.MODELING, family.MIXER
     names = (mixer.CHUNK_FUNCTION, mixer.RECURRENT_FUNCTION, *mixer.CONV_FUNCTIONS)

@@ -44,10 +44,10 @@ def mixers_of(family: Any) -> tuple:
     """The recurrent mixer components whose kernels live in ``family``'s modeling module."""
     mixer = getattr(family, "MIXER", None)
     if mixer is None:
-        from ..families import family_of_modeling
+        from ..families import families
 
-        found = family_of_modeling(family)
-        mixer = getattr(found, "MIXER", None) if found is not None else None
+        found = [f for f in families() if f.MODELING is family]
+        mixer = found[0].MIXER if found else None
     if mixer is None:
         raise NnterpError(
             f"{getattr(family, '__name__', family)!r} has no recurrent mixer to route: pass a recurrent family "
