@@ -20,6 +20,7 @@ the routed kernel like any other. Routing inside a running trace raises.
 from __future__ import annotations
 
 import gc
+import sys
 from types import ModuleType
 from typing import Any, Iterable
 
@@ -36,7 +37,7 @@ MODES = ("torch", "default")
 
 
 def modeling_module(family: Any) -> ModuleType:
-    """The transformers modeling module of a family module (or the module itself)."""
+    """The transformers modeling module of a family (``family.MODELING``), or the module itself."""
     return getattr(family, "MODELING", family)
 
 
@@ -46,7 +47,8 @@ def mixers_of(family: Any) -> tuple:
     if mixer is None:
         from ..families import families
 
-        found = [f for f in families() if f.MODELING is family]
+        # a family's modeling module, or its file (nnterp.families.qwen3_5_text)
+        found = [f for f in families() if family in (f.MODELING, sys.modules.get(f.__module__))]
         mixer = found[0].MIXER if found else None
     if mixer is None:
         raise NnterpError(
@@ -91,8 +93,8 @@ def route_kernels(family: Any, mode: str) -> Routing:
     convolution's kernels are bound to their pure-torch bodies too.
     ``"default"`` restores what the module bound at import. Like installing a
     kernel, it applies to every model of the family, including mixers nnsight
-    has already instrumented. ``family`` is the family module
-    (``model.family``) or its transformers modeling module.
+    has already instrumented. ``family`` is the family (``model.family``,
+    or its file ``nnterp.families.qwen3_5_text``) or its transformers modeling module.
 
     Returns a `Routing`: ``with nnterp.route_kernels(family, "torch"):``
     restores the previous binding on exit.

@@ -71,6 +71,13 @@ class _Registry(Mapping):
         return f"REGISTRY({', '.join(self._keys)})"
 
 
+def __getattr__(name: str) -> Any:
+    """``nnterp.families.qwen3_5_text``: a family's file, imported on first use like the registry's values."""
+    if name in _files():
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 #: ``model_type -> family class``, importing a family's file only when it is looked up.
 REGISTRY: Mapping[str, type[Family]] = _Registry()
 
