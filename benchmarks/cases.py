@@ -101,7 +101,7 @@ class Paths:
 
     def __init__(self, model: Any) -> None:
         self.model = model
-        self.kind = model.family.__name__.rsplit(".", 1)[-1]
+        self.kind = model.family.NAME
         self.stack = ExitStack()
 
     def routed(self) -> None:

@@ -112,7 +112,7 @@ def support_command(args: argparse.Namespace) -> int:
     from . import route_kernels
 
     model = _load(args.model, weights=False)
-    name = f"{model.family.__name__.rsplit('.', 1)[-1]} ({type(model._module).__name__}), {len(model.layers)} layers"
+    name = f"{model.family.NAME} ({type(model._module).__name__}), {len(model.layers)} layers"
     if args.routed:
         if getattr(model.family, "MIXER", None) is None:
             print(f"{args.model}: {name} has no recurrent mixer to route", file=sys.stderr)
@@ -147,7 +147,7 @@ def demo_command(args: argparse.Namespace) -> int:
     tiny = args.model == DEFAULT_MODEL
     model = _load(args.model, weights=True, device=args.device)
     recurrent = [i for i, layer in enumerate(model.layers) if getattr(layer, "linear_attn", None) is not None]
-    print(f"nnterp demo: {args.model} ({model.family.__name__.rsplit('.', 1)[-1]}, {len(model.layers)} layers, "
+    print(f"nnterp demo: {args.model} ({model.family.NAME}, {len(model.layers)} layers, "
           f"recurrent mixers at {recurrent})")
     if tiny:
         print("the embedded tiny hybrid: random weights, so the numbers show the mechanics, not language")

@@ -31,7 +31,7 @@ from .recurrent.routing import refused_device
 from .core.dims import Logits, Probs
 from .core.errors import NnterpError, RoutingError
 from .core.values import DerivedEProperty, EProperty
-from .families import envoys, family_for
+from .families import family_for
 from .support import describe, support_table
 
 
@@ -110,13 +110,13 @@ class StandardizedTransformer(TransformersModel):
         if device is not None and not isinstance(model, PreTrainedModel):
             kwargs.setdefault("device_map", device)
         object.__setattr__(self, "_family", family)
-        super().__init__(model, task="text-generation", tokenizer=tokenizer, dispatch=dispatch, envoys=envoys(family), **kwargs)
+        super().__init__(model, task="text-generation", tokenizer=tokenizer, dispatch=dispatch, envoys=family.envoys(), **kwargs)
         if device is not None and isinstance(model, PreTrainedModel):
             self._module.to(device)
 
     @property
     def family(self) -> Any:
-        """The family module (``nnterp.families.<model_type>``); ``family.MODELING`` is the transformers module it wraps."""
+        """The family class (``nnterp.families.<model_type>``, e.g. ``Qwen3_5Text``); ``family.MODELING`` is the transformers module it wraps."""
         return self._family
 
     def _at(self, path: str) -> Any:

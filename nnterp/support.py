@@ -61,7 +61,7 @@ def _group(layers: list) -> list[tuple[int, int, str]]:
 def describe(model: Any) -> str:
     """The standardized tree with each value's one-line description."""
     family = model.family
-    lines = [f"StandardizedTransformer({family.__name__.rsplit('.', 1)[-1]}: {type(model._module).__name__})"]
+    lines = [f"StandardizedTransformer({family.NAME}: {type(model._module).__name__})"]
     lines.append(f"  embed_tokens: {family.EMBED_TOKENS}")
     layers = list(model.layers)
     lines.append(f"  layers: {len(layers)} x Layer ({family.LAYERS})")

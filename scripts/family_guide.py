@@ -9,15 +9,15 @@ Nothing here is written by hand:
   ``route_kernels(model.family, "torch")``;
 * **shapes**: each value's annotation (``[batch, seq, mixer_heads, key_dim]``)
   filled in with the component's ``dims()`` on a model built on the ``meta``
-  device from a config with a real checkpoint's sizes (`REAL` below: the
-  config alone, no weights). Where `REAL` has no sizes for a family, the
-  shapes are the tiny checkpoint's and say so;
+  device from a config with a real checkpoint's sizes (the family's first
+  ``REAL_CHECKPOINTS`` entry: the config alone, no weights). Where a family
+  records no real checkpoint, the shapes are the tiny checkpoint's and say so;
 * **tested releases**: the results ``scripts/version_table.py`` left in
   ``docs/versions.md``.
 
-`REAL` holds only sizes taken from a public source named beside them; every
-shape shown depends only on those fields (hidden size, layer map, mixer head
-counts and dims, convolution width).
+A family's ``REAL_CHECKPOINTS`` hold only sizes taken from a public source
+named beside them; every shape shown depends only on those fields (hidden
+size, layer map, mixer head counts and dims, convolution width).
 """
 
 from __future__ import annotations
@@ -38,88 +38,8 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 import nnterp  # noqa: E402
 from nnterp import StandardizedTransformer  # noqa: E402
 from nnterp.components.layer import PARTS  # noqa: E402
-from nnterp.families import FAMILIES  # noqa: E402
+from nnterp.families import families  # noqa: E402
 from nnterp.testing import tiny_checkpoint  # noqa: E402
-
-
-def _every_fourth_full(layers: int) -> list[str]:
-    return ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)]
-
-
-#: family -> (checkpoint, config class, sizes, source). Only numbers from the named source.
-REAL = {
-    "llama": (
-        "meta-llama/Llama-3.2-1B",
-        "LlamaConfig",
-        dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8),
-        "the model card",
-    ),
-    "qwen3_5_text": (
-        "Qwen/Qwen3.5-0.8B",
-        "Qwen3_5TextConfig",
-        dict(
-            hidden_size=1024,
-            num_hidden_layers=24,
-            layer_types=_every_fourth_full(24),
-            num_attention_heads=8,
-            linear_num_key_heads=16,
-            linear_num_value_heads=16,
-            linear_key_head_dim=128,
-            linear_value_head_dim=128,
-            linear_conv_kernel_dim=4,
-        ),
-        "nnterp's DeltaNet-state recipe, run on that checkpoint (24 blocks, three DeltaNet in every four, "
-        "16 value heads of [128, 128] states, 8 attention heads, width-4 convolution; hidden 1024, 16 key heads)",
-    ),
-    "qwen3_5_moe": (
-        "Qwen/Qwen3.5-35B-A3B",
-        "Qwen3_5MoeTextConfig",
-        dict(
-            hidden_size=2048,
-            num_hidden_layers=40,
-            layer_types=_every_fourth_full(40),
-            linear_num_key_heads=16,
-            linear_num_value_heads=32,
-            linear_key_head_dim=128,
-            linear_value_head_dim=128,
-            linear_conv_kernel_dim=4,
-        ),
-        "the model card (hidden 2048, 40 layers as 10 × (3 DeltaNet, 1 attention), DeltaNet 16 QK and 32 V heads "
-        "of dim 128), as in transformers' Qwen3_5MoeTextConfig defaults, which name that checkpoint",
-    ),
-    "qwen3_next": (
-        "Qwen/Qwen3-Next-80B-A3B-Instruct",
-        "Qwen3NextConfig",
-        dict(
-            hidden_size=2048,
-            num_hidden_layers=48,
-            layer_types=_every_fourth_full(48),
-            linear_num_key_heads=16,
-            linear_num_value_heads=32,
-            linear_key_head_dim=128,
-            linear_value_head_dim=128,
-            linear_conv_kernel_dim=4,
-        ),
-        "the model card (hidden 2048, 48 layers as 12 × (3 DeltaNet, 1 attention), DeltaNet 16 QK and 32 V heads "
-        "of dim 128), as in transformers' Qwen3NextConfig defaults, which name that checkpoint",
-    ),
-    "mamba": (
-        "state-spaces/mamba-2.8b-hf",
-        "MambaConfig",
-        dict(hidden_size=2560, num_hidden_layers=64, state_size=16, expand=2, conv_kernel=4),
-        "the Mamba paper's 2.8B model (64 layers, d_model 2560, N 16, expansion 2, width-4 convolution)",
-    ),
-    "mamba2": (
-        "AntonV/mamba2-130m-hf",
-        "Mamba2Config",
-        dict(
-            hidden_size=768, num_hidden_layers=24, num_heads=24, head_dim=64, state_size=128,
-            n_groups=1, expand=2, conv_kernel=4, chunk_size=256,
-        ),
-        "the Mamba-2 paper's 130M model (24 layers, d_model 768, expansion 2, head dim 64 so 24 heads, "
-        "N 128, one group) and the chunk size the spec's support message names (256)",
-    ),
-}
 
 
 def _results(path: Path) -> dict:
@@ -215,21 +135,19 @@ class _Blocks:
 
         from nnsight.intervention.envoy import Envoy
 
-        from nnterp.families import envoys
-
-        root = Envoy(built, envoys=envoys(family))
+        root = Envoy(built, envoys=family.envoys())
         self.layers = list(reduce(getattr, family.LAYERS.split("."), root))
 
 
 def _real_model(family) -> tuple:
-    """``(standardized blocks on meta, config, checkpoint, source)`` with `REAL`'s sizes, or ``None``."""
-    name = family.__name__.rsplit(".", 1)[-1]
-    if name not in REAL:
+    """``(standardized blocks on meta, config, checkpoint, source)`` with the family's first real checkpoint's sizes, or ``None``."""
+    if not family.REAL_CHECKPOINTS:
         return None
-    checkpoint, config_class, sizes, source = REAL[name]
+    checkpoint, real = next(iter(family.REAL_CHECKPOINTS.items()))
     # The config class's own defaults under the named sizes: every derived size (a Mamba's
     # intermediate_size, a layer map not given) is derived from them, never from the tiny config.
-    config = getattr(transformers, config_class)(**sizes)
+    config = family.real_config(checkpoint)
+    source = real.source
     with torch.device("meta"):
         built = AutoModelForCausalLM.from_config(config)
     return _Blocks(family, built), config, checkpoint, source
@@ -240,7 +158,7 @@ def _sizes(component, config) -> dict:
 
 
 def family_section(family, results: dict) -> list[str]:
-    name = family.__name__.rsplit(".", 1)[-1]
+    name = family.NAME
     tiny = StandardizedTransformer(str(tiny_checkpoint(family.MODEL_TYPES[0])), dispatch=True, device="cpu")
     support = tiny.support()
     if family.MIXER is not None:
@@ -302,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         "Every family also serves `model.logits` `[batch, seq, vocab]` and `model.next_token_probs` `[batch, vocab]`.",
         "",
     ]
-    for family in FAMILIES:
+    for family in families():
         lines += family_section(family, results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines))

@@ -57,13 +57,13 @@ def families(python: Path) -> dict[str, dict]:
     """``{family: {"model_types": [...], "component": stem or None}}`` from the registry, read by ``python``."""
     code = (
         "import json\n"
-        "from nnterp.families import FAMILIES\n"
+        "from nnterp.families import families\n"
         "out = {}\n"
-        "for f in FAMILIES:\n"
+        "for f in families():\n"
         "    mixer = f.MIXER\n"
         "    module = mixer.__module__ if mixer is not None else ''\n"
         "    stem = module.rsplit('.', 1)[-1] if module.startswith('nnterp.components.') else None\n"
-        "    out[f.__name__.rsplit('.', 1)[-1]] = {'model_types': list(f.MODEL_TYPES), 'component': stem}\n"
+        "    out[f.NAME] = {'model_types': list(f.MODEL_TYPES), 'component': stem}\n"
         "print(json.dumps(out))\n"
     )
     result = subprocess.run([str(python), "-c", code], cwd=REPO, capture_output=True, text=True, check=True)

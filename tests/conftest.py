@@ -11,7 +11,7 @@ import torch
 
 from nnterp import StandardizedTransformer
 from nnterp.recurrent.kernels import STASH
-from nnterp.families import FAMILIES
+from nnterp.families import families
 from nnterp.testing import tiny_checkpoint
 
 torch.set_num_threads(1)  # the CI machine has two cores; one per process keeps timings sane
@@ -40,10 +40,10 @@ def load():
 def default_kernels():
     """Every family's kernels are bound as at import after each test."""
     yield
-    for family in FAMILIES:
+    for family in families():
         stash = family.MODELING.__dict__.get(STASH, {})
         for name, original in stash.items():
             bound = family.MODELING.__dict__[name]
             if bound is not original:
                 setattr(family.MODELING, name, original)
-                pytest.fail(f"{family.__name__}.{name} was left routed by the test")
+                pytest.fail(f"{family.NAME}: {name} was left routed by the test")

@@ -19,16 +19,11 @@ import nnterp
 from nnterp import Unavailable
 from nnterp.components.layer import PARTS
 from nnterp.families import REGISTRY
-from nnterp.testing import MODEL_TYPES
 
 PROMPT = "The Eiffel Tower is in the city of"
 OTHER = "My favourite food is pizza with"
 TYPES = sorted(REGISTRY)
 RECURRENT = [t for t in TYPES if REGISTRY[t].MIXER is not None]
-
-
-def test_every_registered_family_has_a_tiny_checkpoint():
-    assert set(TYPES) <= set(MODEL_TYPES)
 
 
 @pytest.fixture(scope="module", params=TYPES)

@@ -39,19 +39,16 @@ import pytest
 
 import nnterp
 from nnterp.recurrent.kernels import STASH
-from nnterp.families import FAMILIES
+from nnterp.families import families
 from nnterp.testing import tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PAGES = [p for p in sorted(DOCS.rglob("*.md")) + [ROOT / "README.md"] if "```python" in p.read_text()]
 
-#: Hub id shown on a page -> the tiny checkpoint (``nnterp.testing`` name) it runs against here.
-HUB = {
-    "Qwen/Qwen3.5-0.8B": "qwen3_5_text",
-    "state-spaces/mamba-130m-hf": "mamba",
-    "AntonV/mamba2-130m-hf": "mamba2",
-}
+#: Hub id shown on a page -> the tiny checkpoint (``nnterp.testing`` name) it runs against here:
+#: every published checkpoint a family records (``REAL_CHECKPOINTS``) runs on that family's.
+HUB = {checkpoint: family.MODEL_TYPES[0] for family in families() for checkpoint in family.REAL_CHECKPOINTS}
 
 SKIP_MARKS = ("(real weights)", "(real checkpoint)")
 EXACT_MARK = "(exact)"
@@ -232,7 +229,7 @@ def check_outputs(where: str, expected: dict, printed: dict) -> list[str]:
 
 def _restore_kernels() -> None:
     """A page may leave a family routed (a recipe ends mid-study); undo it like a new process would."""
-    for family in FAMILIES:
+    for family in families():
         stash = family.MODELING.__dict__.get(STASH, {})
         if any(family.MODELING.__dict__[name] is not fn for name, fn in stash.items()):
             nnterp.route_kernels(family, "default")
@@ -247,7 +244,7 @@ def run_page(path: Path) -> None:
         for start, code in blocks:
             where = f"{relative}:{start}"
             unknown = _unknown_hub_ids(code)
-            assert not unknown, f"{where}: hub ids {unknown} have no tiny checkpoint: add them to HUB in tests/test_docs.py"
+            assert not unknown, f"{where}: hub ids {unknown} have no tiny checkpoint: add them to their family's REAL_CHECKPOINTS (nnterp/families/)"
             expected = expected_prints(code)
             printed: dict[int, list] = {}
             for line in {n.lineno for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Name) and n.id == "print"}:

@@ -53,7 +53,8 @@ def test_loading_raises_no_deprecation_warning(checkpoint):
 def test_the_composite_checkpoint_loads_as_the_text_model(checkpoint, load):
     model = load("qwen3_5")
     assert type(model._module).__name__ == "Qwen3_5ForCausalLM"
-    assert model.family is nnterp.families.qwen3_5_text
+    assert model.family is REGISTRY["qwen3_5_text"] is REGISTRY["qwen3_5"]
+    assert model.family.NAME == "qwen3_5_text"
     assert model.family.MODELING.__name__ == "transformers.models.qwen3_5.modeling_qwen3_5"
 
 
@@ -100,7 +101,7 @@ def test_an_unknown_family_lists_the_supported_ones_and_how_to_add_one(tmp_path)
         StandardizedTransformer(str(tmp_path))
     message = str(raised.value)
     assert "'gpt2'" in message and all(model_type in message for model_type in REGISTRY)
-    assert "nnterp/families/" in message
+    assert "nnterp/families/gpt2.py" in message and "tests/families/test_gpt2.py" in message
 
 
 def test_a_value_read_outside_a_trace_says_where_to_read_it(load):

@@ -1,50 +1,126 @@
-"""The families nnterp wraps, registered in this one place, keyed by ``config.model_type``.
+"""The families nnterp wraps, found by ``config.model_type`` and imported only when asked for.
 
-A family is a module (one file per transformers ``model_type``) naming the
-transformers modeling module it wraps (``MODELING``), where the standard parts
-live (``LAYERS``, ``EMBED_TOKENS``, ``LN_FINAL``, ``LM_HEAD``), which component
-serves each HF module class (``COMPONENTS``, ``DECODER_LAYER`` -> ``LAYER``),
-its recurrent mixer component (``MIXER``, for `route_kernels`) and, from a
-config alone, which parts each block has (``layer_parts``). A new family is a
-file written as the difference from its nearest sibling, added to
-``FAMILIES`` below.
+A family is a class (`~nnterp.families.base.Family`) in
+``nnterp/families/<model_type>.py``, written as the difference from its
+nearest sibling; the file's name is its key here. `REGISTRY` lists the keys
+from the folder alone, without importing a family file (so ``import nnterp``
+imports no transformers modeling module), and ``REGISTRY[model_type]``
+imports the one file (and its siblings up to `llama`). A few model types are
+served by a family filed under another name: the hub's vision-language
+composites and Qwen3.5-MoE's text model (`ALIASES`).
 """
 
 from __future__ import annotations
 
-from types import ModuleType
-from typing import Any, Optional
+import importlib
+import pkgutil
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from ..core.errors import UnsupportedModel
-from . import kimi_linear, llama, mamba, mamba2, olmo_hybrid, qwen3_5_moe, qwen3_5_text, qwen3_next
+from .base import Family
 
-FAMILIES: tuple[ModuleType, ...] = (llama, qwen3_5_text, qwen3_5_moe, qwen3_next, olmo_hybrid, kimi_linear, mamba, mamba2)
+#: A ``model_type`` served by the family filed under another name -> that name.
+ALIASES = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe_text": "qwen3_5_moe"}
 
-REGISTRY: dict[str, ModuleType] = {model_type: family for family in FAMILIES for model_type in family.MODEL_TYPES}
+#: Modules of this folder that are not families.
+_NOT_FAMILIES = {"base"}
 
 
-def family_for(config: Any) -> ModuleType:
-    """The family wrapping ``config.model_type``, or `UnsupportedModel` naming the fix."""
-    model_type = getattr(config, "model_type", None)
-    family = REGISTRY.get(model_type)
-    if family is None:
-        supported = ", ".join(sorted(REGISTRY))
+def _files() -> tuple[str, ...]:
+    return tuple(
+        sorted(info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_") and info.name not in _NOT_FAMILIES)
+    )
+
+
+class _Registry(Mapping):
+    """``model_type -> family class``; the keys come from the folder, a value imports its file on first use."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str, type[Family]] = {}
+        self._keys = tuple(sorted({*_files(), *ALIASES}))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, model_type: object) -> bool:
+        return model_type in self._keys
+
+    def __getitem__(self, model_type: str) -> type[Family]:
+        if model_type not in self._keys:
+            raise KeyError(model_type)
+        name = ALIASES.get(model_type, model_type)
+        if name not in self._loaded:
+            module = importlib.import_module(f"{__name__}.{name}")
+            found = [
+                value for value in vars(module).values()
+                if isinstance(value, type) and issubclass(value, Family) and value.__module__ == module.__name__
+            ]
+            if len(found) != 1:
+                raise TypeError(f"{module.__name__} must define exactly one Family subclass, found {len(found)}")
+            self._loaded[name] = found[0]
+        family = self._loaded[name]
+        if model_type not in family.MODEL_TYPES:
+            raise TypeError(f"{family.__name__}.MODEL_TYPES does not list {model_type!r}, which the registry files under it")
+        return family
+
+    def __repr__(self) -> str:
+        return f"REGISTRY({', '.join(self._keys)})"
+
+
+def __getattr__(name: str) -> Any:
+    """``nnterp.families.qwen3_5_text``: a family's file, imported on first use like the registry's values."""
+    if name in _files():
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+#: ``model_type -> family class``, importing a family's file only when it is looked up.
+REGISTRY: Mapping[str, type[Family]] = _Registry()
+
+#: Every ``model_type`` nnterp serves, sorted.
+MODEL_TYPES: tuple[str, ...] = tuple(REGISTRY)
+
+
+def family_for(config_or_model_type: Any) -> type[Family]:
+    """The family serving a config's ``model_type`` (or a ``model_type`` string), or `UnsupportedModel` naming the fix."""
+    if isinstance(config_or_model_type, str):
+        model_type = config_or_model_type
+    else:
+        model_type = getattr(config_or_model_type, "model_type", None)
+    if model_type not in REGISTRY:
         raise UnsupportedModel(
-            f"nnterp has no family for model_type {model_type!r}; supported: {supported}. To add one, write "
-            "nnterp/families/<model_type>.py as the difference from its nearest sibling (its MODELING module, "
-            "COMPONENTS map and layer_parts) and add it to FAMILIES in nnterp/families/__init__.py"
+            f"nnterp has no family for model_type {model_type!r}; supported: {', '.join(MODEL_TYPES)}. To add one, "
+            f"write nnterp/families/{model_type or '<model_type>'}.py, a Family subclass of its nearest sibling "
+            "declaring what differs (MODELING, MODEL_TYPES, DECODER_LAYERS, COMPONENTS, layer_parts, tiny_sizes), "
+            f"and its tests in tests/families/test_{model_type or '<model_type>'}.py"
         )
-    return family
+    return REGISTRY[model_type]
 
 
-def family_of_modeling(modeling: ModuleType) -> Optional[ModuleType]:
-    """The family whose ``MODELING`` is ``modeling``, if any."""
-    for family in FAMILIES:
-        if getattr(family, "MODELING", None) is modeling:
-            return family
-    return None
+def families() -> list[type[Family]]:
+    """Every registered family, once, each after the sibling it is written as the difference from (imports them all).
 
+    Depth first from `llama`; among siblings, the one with more descendants first, then by name.
+    """
+    every = {REGISTRY[name] for name in _files()}
 
-def envoys(family: ModuleType) -> dict:
-    """nnsight's ``envoys=`` map for a family: HF module class -> component."""
-    return {family.DECODER_LAYER: family.LAYER, **family.COMPONENTS}
+    def children(parent: type) -> list[type[Family]]:
+        return [f for f in every if f.__base__ is parent]
+
+    def size(family: type) -> int:
+        return sum(1 + size(child) for child in children(family))
+
+    ordered: list[type[Family]] = []
+
+    def visit(parent: type) -> None:
+        for child in sorted(children(parent), key=lambda f: (-size(f), f.NAME)):
+            ordered.append(child)
+            visit(child)
+
+    visit(Family)
+    return ordered
+

@@ -1,33 +1,107 @@
-"""Qwen3.5 (text): a hybrid of gated DeltaNet and softmax attention blocks.
-
-Features of the architecture, as the difference from `llama`: each block holds
-either a gated DeltaNet (``linear_attn``, `LinearAttention`) or gated softmax
-attention (``self_attn``), as ``config.layer_types`` says (three DeltaNet
-blocks in every four on the released checkpoints), then an MLP. The hub's
-Qwen3.5 checkpoints are vision-language ones (``model_type`` ``qwen3_5`` with
-a ``text_config``); ``AutoModelForCausalLM`` loads them as this text model, and
-so does nnterp.
-"""
+"""Qwen3.5 (text): a hybrid of gated DeltaNet and softmax attention blocks."""
 
 import transformers.models.qwen3_5.modeling_qwen3_5 as MODELING
+from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config, Qwen3_5TextConfig
 
 from ..components.attention import Attention
 from ..components.linear_attention import LinearAttention
-from .llama import EMBED_TOKENS, LAYER, LAYERS, LM_HEAD, LN_FINAL  # noqa: F401  (same places)
-
-MODEL_TYPES = ("qwen3_5_text", "qwen3_5")
-DECODER_LAYER = MODELING.Qwen3_5DecoderLayer
-COMPONENTS = {MODELING.Qwen3_5Attention: Attention, MODELING.Qwen3_5GatedDeltaNet: LinearAttention}
-MIXER = LinearAttention
-
-#: ``config.layer_types`` entry -> the standard part of that block.
-LAYER_TYPES = {"linear_attention": "linear_attn", "full_attention": "self_attn"}
+from .base import TINY, RealCheckpoint
+from .llama import Llama
 
 
-def text_config(config):
-    """The text model's config: the composite's ``text_config``, or the config itself."""
-    return config.get_text_config()
+def every_fourth_full(layers: int) -> list[str]:
+    """``config.layer_types`` of the released hybrids: three DeltaNet blocks, then one attention block."""
+    return ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)]
 
 
-def layer_parts(config) -> list[set[str]]:
-    return [{LAYER_TYPES[kind], "mlp"} for kind in text_config(config).layer_types]
+class Qwen3_5Text(Llama):
+    """Qwen3.5 (text): a hybrid of gated DeltaNet and softmax attention blocks.
+
+    Features of the architecture, as the difference from `llama`: each block holds
+    either a gated DeltaNet (``linear_attn``, `LinearAttention`) or gated softmax
+    attention (``self_attn``), as ``config.layer_types`` says (three DeltaNet
+    blocks in every four on the released checkpoints), then an MLP. The hub's
+    Qwen3.5 checkpoints are vision-language ones (``model_type`` ``qwen3_5`` with
+    a ``text_config``); ``AutoModelForCausalLM`` loads them as this text model, and
+    so does nnterp.
+    """
+
+    MODELING = MODELING
+    CONFIG = Qwen3_5TextConfig
+    COMPOSITE_CONFIG = Qwen3_5Config
+    MODEL_TYPES = ("qwen3_5_text", "qwen3_5")
+
+    DECODER_LAYERS = (MODELING.Qwen3_5DecoderLayer,)
+    COMPONENTS = {MODELING.Qwen3_5Attention: Attention, MODELING.Qwen3_5GatedDeltaNet: LinearAttention}
+    MIXER = LinearAttention
+
+    #: ``config.layer_types`` entry -> the standard part of that block.
+    LAYER_TYPES = {"linear_attention": "linear_attn", "full_attention": "self_attn"}
+
+    REAL_CHECKPOINTS = {
+        "Qwen/Qwen3.5-0.8B": RealCheckpoint(
+            dict(
+                hidden_size=1024,
+                num_hidden_layers=24,
+                layer_types=every_fourth_full(24),
+                num_attention_heads=8,
+                linear_num_key_heads=16,
+                linear_num_value_heads=16,
+                linear_key_head_dim=128,
+                linear_value_head_dim=128,
+                linear_conv_kernel_dim=4,
+            ),
+            "nnterp's DeltaNet-state recipe, run on that checkpoint (24 blocks, three DeltaNet in every four, "
+            "16 value heads of [128, 128] states, 8 attention heads, width-4 convolution; hidden 1024, 16 key heads)",
+        ),
+    }
+
+    @classmethod
+    def text_config(cls, config):
+        """The text model's config: the composite's ``text_config``, or the config itself."""
+        return config.get_text_config()
+
+    @classmethod
+    def layer_parts(cls, config) -> list[set[str]]:
+        return [{cls.LAYER_TYPES[kind], "mlp"} for kind in cls.text_config(config).layer_types]
+
+    @classmethod
+    def tiny_sizes(cls) -> dict:
+        # Three linear layers then one full-attention layer: both kinds of mixer, the full
+        # layer last as in the real 3:1 models. Key and value head counts/dims all differ
+        # so that a transposed or mis-reshaped recurrent state [heads, k_dim, v_dim] fails loudly.
+        return dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            layer_types=every_fourth_full(4),
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=8,
+            linear_conv_kernel_dim=4,
+            max_position_embeddings=2048,
+        )
+
+    @classmethod
+    def tiny_config(cls, model_type: str, **tokens):
+        """The text model's tiny config, or the vision-language composite the hub ships (a one-block vision tower)."""
+        composite = cls.COMPOSITE_CONFIG
+        if composite is None or model_type != composite.model_type:
+            return super().tiny_config(model_type, **tokens)
+        text = dict(cls.tiny_sizes(), **TINY, **tokens)
+        vision = dict(
+            depth=1,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            patch_size=16,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            out_hidden_size=text["hidden_size"],
+            num_position_embeddings=64,
+        )
+        return composite(text_config=text, vision_config=vision, **TINY)

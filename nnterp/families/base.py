@@ -1,0 +1,118 @@
+"""`Family`: what nnterp needs to know about one transformers architecture, declared in one place.
+
+A family is a class in ``nnterp/families/<model_type>.py``, a subclass of its
+nearest sibling (`~nnterp.families.llama.Llama`, the plain transformer, is the
+root): it inherits every declaration that stays the same and restates only
+what differs, in its docstring first ("Features of the architecture, as the
+difference from `qwen3_5_moe`: ...") and then in code. The registry
+(`nnterp.families.REGISTRY`) finds it by ``config.model_type`` and imports its
+file only then.
+
+A family declares, as class attributes:
+
+* ``MODELING``: the transformers modeling module it wraps; ``CONFIG``, the
+  config class of its text model (``COMPOSITE_CONFIG``, the vision-language
+  composite's, where the hub ships one); ``MODEL_TYPES``, the
+  ``config.model_type`` values it serves (the text model's first);
+* ``LAYERS``, ``EMBED_TOKENS``, ``LN_FINAL``, ``LM_HEAD``: where the standard
+  parts live, as attribute paths from the causal LM;
+* ``LAYER``, the component of a decoder block, and ``DECODER_LAYERS``, the HF
+  block classes it serves; ``COMPONENTS``, HF module class -> the nnterp
+  component that serves it; ``MIXER``, its recurrent mixer component (for
+  `route_kernels`; ``None`` on a plain transformer);
+* ``REAL_CHECKPOINTS``: published checkpoints' sizes, each with its public
+  source (`RealCheckpoint`), where known (the one declaration a subclass
+  does not inherit: a sibling's checkpoints are not its own);
+
+and, as class methods: `envoys` (nnsight's ``envoys=`` map), `text_config`
+and `layer_parts` (from a config alone, which parts each block has), and
+`tiny_config` (the tiny test config `nnterp.testing` builds checkpoints from).
+``NAME`` is the family's name: its file's name and its key in the registry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, ClassVar, Optional
+
+#: What every tiny test config shares besides the tokenizer's ids: untied embeddings, float32.
+TINY = dict(tie_word_embeddings=False, dtype="float32")
+
+
+@dataclass(frozen=True)
+class RealCheckpoint:
+    """A published checkpoint's sizes (config fields only, no weights) and the public source they come from."""
+
+    sizes: dict = field(hash=False)
+    source: str
+
+
+class Family:
+    """The declarations every family makes (see the module docstring); subclass a sibling, not this."""
+
+    NAME: ClassVar[str] = ""
+    MODELING: ClassVar[ModuleType]
+    CONFIG: ClassVar[type]
+    COMPOSITE_CONFIG: ClassVar[Optional[type]] = None
+    MODEL_TYPES: ClassVar[tuple[str, ...]] = ()
+
+    LAYERS: ClassVar[str]
+    EMBED_TOKENS: ClassVar[str]
+    LN_FINAL: ClassVar[str]
+    LM_HEAD: ClassVar[str]
+
+    LAYER: ClassVar[type]
+    DECODER_LAYERS: ClassVar[tuple[type, ...]] = ()
+    COMPONENTS: ClassVar[dict[type, type]] = {}
+    MIXER: ClassVar[Optional[type]] = None
+
+    REAL_CHECKPOINTS: ClassVar[dict[str, RealCheckpoint]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        package, _, stem = cls.__module__.rpartition(".")
+        if "NAME" not in cls.__dict__ and package == __name__.rpartition(".")[0]:
+            cls.NAME = stem
+        if "REAL_CHECKPOINTS" not in cls.__dict__:
+            cls.REAL_CHECKPOINTS = {}  # a sibling's published checkpoints are not this family's
+
+    @classmethod
+    def envoys(cls) -> dict:
+        """nnsight's ``envoys=`` map: HF module class -> the component that serves it."""
+        return {**{block: cls.LAYER for block in cls.DECODER_LAYERS}, **cls.COMPONENTS}
+
+    @classmethod
+    def text_config(cls, config: Any) -> Any:
+        """The config of the text model (the composite's ``text_config`` where there is one)."""
+        return config
+
+    @classmethod
+    def layer_parts(cls, config: Any) -> list[set[str]]:
+        """The standard parts each block has (``{"self_attn", "mlp"}``, ...), from the config alone."""
+        raise NotImplementedError(f"{cls.__name__} declares no layer_parts")
+
+    @classmethod
+    def tiny_sizes(cls) -> dict:
+        """The tiny test config's sizes: the smallest that still exercise the architecture."""
+        raise NotImplementedError(f"{cls.__name__} declares no tiny_sizes")
+
+    @classmethod
+    def tiny_config(cls, model_type: str, **tokens: Any) -> Any:
+        """The tiny test config of ``model_type`` (one of ``MODEL_TYPES``).
+
+        ``tokens`` are the tokenizer's fields (``vocab_size`` and the special
+        ids) that `nnterp.testing.tiny_config` passes from its tiny tokenizer.
+        """
+        cls._check(model_type)
+        return cls.CONFIG(**cls.tiny_sizes(), **TINY, **tokens)
+
+    @classmethod
+    def real_config(cls, checkpoint: str) -> Any:
+        """The text config of a published checkpoint, built from `REAL_CHECKPOINTS`' sizes (the config class's defaults otherwise)."""
+        return cls.CONFIG(**cls.REAL_CHECKPOINTS[checkpoint].sizes)
+
+    @classmethod
+    def _check(cls, model_type: str) -> None:
+        if model_type not in cls.MODEL_TYPES:
+            raise ValueError(f"{cls.__name__} serves model_type {', '.join(cls.MODEL_TYPES)}, not {model_type!r}")
