@@ -56,7 +56,7 @@ for arg in "$@"; do
     [[ "$arg" != -* && -e "${arg%%::*}" ]] && paths=1
 done
 if [[ $paths -eq 0 ]]; then
-    set -- "$@" tests/test_contract.py tests/components tests/families tests/fast tests/reference
+    set -- "$@" tests/test_contract.py tests/components tests/families tests/recurrent tests/fast tests/reference
 fi
 echo "== transformers $installed: pytest $*" >&2
 exec "$venv/bin/python" -m pytest "$@"

@@ -54,7 +54,7 @@ class _LiveFamily:
 
 
 def family_of(target: Any) -> Any:
-    """The family ``target`` names: a family (``model.family``), a standardized model, or a modeling module.
+    """The family ``target`` names: a family (``model.family``), a standardized model, a family's file, or a modeling module.
 
     A transformers modeling module is known by the mixers of it nnterp has
     wrapped (no family is imported from here); anything else is an error
@@ -64,6 +64,13 @@ def family_of(target: Any) -> Any:
         return target
     if hasattr(target, "_family") and hasattr(target, "layers"):
         return target._family
+    declared = [
+        value for value in vars(target).values()
+        if isinstance(value, type) and value.__module__ == getattr(target, "__name__", None)
+        and hasattr(value, "MODELING") and hasattr(value, "COMPONENTS")
+    ] if isinstance(target, ModuleType) else []
+    if declared:
+        return declared[-1]  # a family's file: the family it declares
     if isinstance(target, ModuleType) and target.__name__.startswith("transformers.models."):
         return _LiveFamily(target)
     raise NnterpError(
@@ -75,6 +82,7 @@ def family_of(target: Any) -> Any:
 
 def mixers_of(family: Any) -> list[tuple[type, type]]:
     """``[(hf_mixer_class, component)]`` of the family's recurrent mixers; an error on a family with none."""
+    family = family_of(family)
     found = [
         (hf, component) for hf, component in family.COMPONENTS.items()
         if getattr(component, "CHUNK_FUNCTION", "") and hasattr(component, "find_labels")

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from nnterp import Unavailable
-from nnterp.families import FAMILIES
+from nnterp.families import families
 
 PROMPT = "The Eiffel Tower is in the city of"
 #: One model type per family whose mixer reads inside its kernels.
-RECURRENT = [family.MODEL_TYPES[0] for family in FAMILIES if getattr(family.MIXER, "CHUNK_FUNCTION", "")]
+RECURRENT = [family.MODEL_TYPES[0] for family in families() if getattr(family.MIXER, "CHUNK_FUNCTION", "")]
 
 
 class HubFunc(torch.nn.Module):

@@ -193,11 +193,11 @@ def test_every_model_type_has_a_tiny_config(model_type):
 
 
 def test_a_familys_file_is_reached_as_the_spec_names_it():
-    import nnterp.components.routing as routing
+    import nnterp.recurrent.routing as routing
 
     qwen3_5 = nnterp.families.qwen3_5_text  # imported on first use, like REGISTRY's values
     assert qwen3_5.Qwen3_5Text is REGISTRY["qwen3_5_text"]
-    assert routing.mixers_of(qwen3_5) == routing.mixers_of(qwen3_5.Qwen3_5Text) == routing.mixers_of(qwen3_5.MODELING)
-    assert routing.modeling_module(qwen3_5) is routing.modeling_module(qwen3_5.Qwen3_5Text) is qwen3_5.MODELING
+    assert routing.family_of(qwen3_5) is routing.family_of(qwen3_5.Qwen3_5Text) is qwen3_5.Qwen3_5Text
+    assert routing.mixers_of(qwen3_5) == routing.mixers_of(qwen3_5.Qwen3_5Text)
     with pytest.raises(AttributeError):
         nnterp.families.not_a_family

@@ -17,11 +17,11 @@ from nnterp import RoutingError
 from nnterp.recurrent import kernels
 from nnterp.recurrent.kernels import STASH
 from nnterp.recurrent.routing import refused_device
-from nnterp.families import FAMILIES
+from nnterp.families import families
 from tests.suites.standins import compiled_kernels, mixer_kernels
 
 PROMPT = "The Eiffel Tower is in the city of"
-RECURRENT = [family for family in FAMILIES if family.MIXER is not None]
+RECURRENT = [family for family in families() if family.MIXER is not None]
 #: One family per mixer kind whose routing the tests below exercise on a model: Mamba-1 and a gated DeltaNet.
 ON_A_MODEL = ["mamba", "qwen3_5_text"]
 
