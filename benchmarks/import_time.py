@@ -83,7 +83,11 @@ def importtime(python: str = sys.executable) -> list:
     first, from one ``-X importtime`` run after ``import nnsight, transformers``, largest first."""
     out = subprocess.run(
         [python, "-X", "importtime", "-c", "import nnsight, transformers; import nnterp"],
-        check=True, env=env(), cwd=ROOT, capture_output=True, text=True,
+        check=True,
+        env=env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     pending: dict = {}  # depth -> [(name, cumulative us, children)] printed, parent not yet printed
     found = []
@@ -156,10 +160,17 @@ def _cpu() -> str:
 
 def _versions() -> str:
     out = subprocess.run(
-        [sys.executable, "-c", "import torch, transformers, nnsight, sys; "
-         "print(f'torch {torch.__version__}, transformers {transformers.__version__}, nnsight {nnsight.__version__}, "
-         "Python {sys.version.split()[0]}')"],
-        env=env(), cwd=ROOT, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import torch, transformers, nnsight, sys; "
+            "print(f'torch {torch.__version__}, transformers {transformers.__version__}, '"
+            "f'nnsight {nnsight.__version__}, Python {sys.version.split()[0]}')",
+        ],
+        env=env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     return out.stdout.strip() or f"Python {platform.python_version()}"
 

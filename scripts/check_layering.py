@@ -51,9 +51,9 @@ class Import:
     target: str
     path: Path
     line: int
-    names: tuple = ()           # the names a ``from`` import takes from ``target``
+    names: tuple = ()  # the names a ``from`` import takes from ``target``
     type_checking: bool = False  # under ``if TYPE_CHECKING:``
-    lazy: bool = False           # inside a function body
+    lazy: bool = False  # inside a function body
 
 
 def layer_of(module: str, package: str = "nnterp") -> str:
@@ -235,8 +235,10 @@ def upward(edges: list, package: str = "nnterp") -> list:
 def private(edges: list) -> list:
     """The edges that take a private name (``_x``, not ``__x__``) from another module."""
     return [
-        e for e in edges
-        if e.source != e.target and any(n.startswith("_") and not (n.startswith("__") and n.endswith("__")) for n in e.names)
+        e
+        for e in edges
+        if e.source != e.target
+        and any(n.startswith("_") and not (n.startswith("__") and n.endswith("__")) for n in e.names)
     ]
 
 

@@ -1,4 +1,4 @@
-"""The import-time section of docs/performance.md: written between its markers, kept when benchmarks/run.py rewrites the page."""
+"""The import-time section of docs/performance.md: written between its markers, kept when run.py rewrites the page."""
 
 from __future__ import annotations
 
