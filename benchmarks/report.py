@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 NAMES = {"gated_deltanet": "Gated DeltaNet hybrid (Qwen3.5-like)", "mamba": "Mamba-1", "mamba2": "Mamba-2"}
 CONFIGS = {

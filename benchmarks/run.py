@@ -12,7 +12,8 @@ measured at the first length against plain `generate`. TransformerLens 4.3's
 ``compute_ssm_state`` runs in its own venv (`--tl`), timed against that
 process's own HF forward (`tl_probe.py`). The runner writes the table, the
 targets met or missed, the checks (fast vs routed states) and the exact
-command to ``--out`` (``docs/performance.md``). Threads: ``--threads``
+command to ``--out`` (``docs/performance.md``), keeping the "Import time"
+section that ``benchmarks/import_time.py`` wrote there. Threads: ``--threads``
 (1 by default, set before torch is imported, as the anchors were measured).
 """
 
@@ -60,7 +61,7 @@ def main(argv: list | None = None) -> dict:
     args = parse(sys.argv[1:] if argv is None else argv)
     if args.render:
         results = json.loads(Path(args.render).read_text())
-        Path(args.out).write_text(render(results))
+        write(args.out, render(results))
         return results
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(name, str(args.threads))
@@ -118,11 +119,19 @@ def main(argv: list | None = None) -> dict:
     results["elapsed_s"] = time.time() - started
     results["targets"] = targets(results)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(render(results))
+    write(args.out, render(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     log(f"wrote {args.out} in {results['elapsed_s']:.0f}s")
     return results
+
+
+def write(out: str, text: str) -> None:
+    """Write the page, keeping the section `import_time.py` wrote there (it is not rerun here)."""
+    from .import_time import section, with_section
+
+    path = Path(out)
+    path.write_text(with_section(text, section(path.read_text()) if path.exists() else None))
 
 
 def describe(config) -> str:

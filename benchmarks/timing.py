@@ -16,17 +16,18 @@ import gc
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 
 @dataclass
 class Method:
     name: str
     run: Callable[[], Any]
-    reps: Optional[int] = None  # at most this many repeats (None: every repeat)
-    setup: Optional[Callable[[], Any]] = None
-    teardown: Optional[Callable[[], Any]] = None
+    reps: int | None = None  # at most this many repeats (None: every repeat)
+    setup: Callable[[], Any] | None = None
+    teardown: Callable[[], Any] | None = None
     times: dict = field(default_factory=dict)  # repeat -> seconds
 
     def once(self) -> float:

@@ -37,11 +37,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from timing import Method, interleave, summary
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     import transformer_lens
+    from timing import Method, interleave, summary
     from transformer_lens.model_bridge import TransformerBridge
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     plain = AutoModelForCausalLM.from_pretrained(args.model).eval()
     copy = AutoModelForCausalLM.from_pretrained(args.model).eval()
@@ -66,7 +65,7 @@ def main() -> None:
         ids = torch.randint(1, vocab, (1, length), generator=torch.Generator().manual_seed(length))
         ids = torch.where(ids == tokenizer.eos_token_id, (ids + 1) % vocab, ids)
 
-        def states():
+        def states(ids=ids):
             _, cache = bridge.run_with_cache(ids, use_cache=False)
             return cache, cache.compute_ssm_state()
 
@@ -89,7 +88,7 @@ def main() -> None:
         last = (length, time.perf_counter() - began)
         check = _last_state_check(plain, ids, found)
         del cache, found
-        base = Method("plain forward", lambda: plain(ids))
+        base = Method("plain forward", lambda ids=ids: plain(ids))
         both = Method("TL run_with_cache + compute_ssm_state", states)
         reps = args.reps if length < max(args.lengths) else args.long_reps
         interleave([base, both], reps, log=lambda line: print(line, flush=True))

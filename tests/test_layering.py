@@ -1,0 +1,153 @@
+"""nnterp's import layering (docs/architecture.md), checked by `scripts/check_layering.py`, and the checker itself."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from textwrap import dedent
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("check_layering", ROOT / "scripts" / "check_layering.py")
+check_layering = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("check_layering", check_layering)
+_spec.loader.exec_module(check_layering)
+
+
+def test_nnterp_has_no_cycle_no_upward_import_and_no_private_import():
+    found = check_layering.violations(ROOT / "nnterp")
+    assert not found, "\n" + "\n".join(found)
+
+
+# The checker, on synthetic trees.
+
+
+def tree(tmp_path: Path, files: dict) -> Path:
+    """Write ``{relative path: source}`` under ``tmp_path/nnterp`` (every folder a package) and return that folder."""
+    root = tmp_path / "nnterp"
+    for name, source in {"__init__.py": "", **files}.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for folder in path.relative_to(root).parents:
+            (root / folder / "__init__.py").touch()
+        path.write_text(dedent(source))
+    return root
+
+
+CLEAN = {
+    "core/values.py": "import torch\n__version__ = 1\n",
+    "core/__init__.py": "from .values import __version__\n",
+    "fast/scan.py": "import torch\nfrom . import ssd\n",
+    "fast/ssd.py": "",
+    "recurrent/call.py": "from ..core import values\nfrom ..fast.scan import torch\n",
+    "recurrent/per_token/loop.py": "from ...core.values import __version__\nfrom ..call import values\n",
+    "components/recurrent.py": """
+        import nnterp.core.values
+        from nnterp.recurrent.per_token import loop
+
+        def states():
+            from ..recurrent import call  # lazy
+            return call
+        """,
+    "families/llama.py": "from ..components import recurrent\n",
+    "families/__init__.py": "def family_for(t):\n    from . import llama\n    return llama\n",
+    "standardized.py": "from .families import family_for\nfrom . import plot\n",
+    "plot.py": "import matplotlib\n",
+    "testing/checkpoints.py": "from ..families import llama\nfrom nnterp.standardized import family_for\n",
+}
+
+
+def test_a_clean_tree_passes(tmp_path):
+    assert check_layering.violations(tree(tmp_path, CLEAN)) == []
+
+
+def test_relative_and_absolute_imports_resolve_to_the_tree_modules(tmp_path):
+    edges = {(e.source, e.target, e.lazy) for e in check_layering.imports(tree(tmp_path, CLEAN))}
+    assert ("nnterp.core", "nnterp.core.values", False) in edges  # `from .values import` in a package
+    assert ("nnterp.recurrent.per_token.loop", "nnterp.core.values", False) in edges  # three dots
+    assert ("nnterp.recurrent.per_token.loop", "nnterp.recurrent.call", False) in edges
+    assert ("nnterp.components.recurrent", "nnterp.core.values", False) in edges  # `import nnterp.core.values`
+    assert ("nnterp.components.recurrent", "nnterp.recurrent.per_token.loop", False) in edges  # a submodule by name
+    assert ("nnterp.components.recurrent", "nnterp.recurrent.call", True) in edges  # lazy, in a function
+    assert ("nnterp.families", "nnterp.families.llama", True) in edges
+    assert ("nnterp.standardized", "nnterp.families", False) in edges  # a name, not a module: the package
+    assert ("nnterp.standardized", "nnterp.plot", False) in edges
+
+
+def test_a_cycle_through_a_lazy_import_fails_and_names_its_files(tmp_path):
+    root = tree(
+        tmp_path,
+        {
+            **CLEAN,
+            "components/routing.py": "def route():\n    from ..families import llama\n",
+            "families/llama.py": "from ..components import recurrent\n",
+            "components/recurrent.py": "from . import routing\n",
+        },
+    )
+    found = check_layering.violations(root)
+    cycles = [line for line in found if line.startswith("cycle")]
+    assert len(cycles) == 1, found
+    for name in ("nnterp/components/routing.py", "nnterp/components/recurrent.py", "nnterp/families/llama.py"):
+        assert name in cycles[0]
+    assert check_layering.cycles(check_layering.imports(root))[0][1] == [
+        "nnterp.components.recurrent",
+        "nnterp.components.routing",
+        "nnterp.families.llama",
+        "nnterp.components.recurrent",
+    ]
+    assert any(line.startswith("upward import: nnterp/components/routing.py:2 (lazy)") for line in found), found
+
+
+def test_a_cycle_within_one_layer_fails_but_one_under_type_checking_does_not(tmp_path):
+    found = check_layering.violations(
+        tree(tmp_path, {**CLEAN, "core/a.py": "from . import b\n", "core/b.py": "from .a import x\n"})
+    )
+    assert len(found) == 1 and found[0].startswith(
+        "cycle of 2 modules: nnterp.core.a -> nnterp.core.b -> nnterp.core.a"
+    ), found
+    typed = {
+        "core/a.py": "from . import b\n",
+        "core/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import x\n",
+    }
+    assert check_layering.violations(tree(tmp_path, {**CLEAN, **typed})) == []
+
+
+def test_an_upward_import_fails_per_the_layer_order(tmp_path):
+    bad = {
+        "core/dims.py": "from ..fast import scan\n",  # core imports only core
+        "fast/delta.py": "from ..core.values import __version__\n",  # fast imports only fast
+        "recurrent/labels.py": "from ..components import recurrent\n",
+        "components/attention.py": "from nnterp.families import llama\n",
+        "families/mamba.py": "from .. import standardized\n",
+    }
+    found = check_layering.violations(tree(tmp_path, {**CLEAN, **bad}))
+    assert sorted(line.split(": ")[1].split(":")[0] for line in found) == sorted(f"nnterp/{name}" for name in bad), (
+        found
+    )
+    assert all(line.startswith("upward import") for line in found), found
+    assert "nnterp.core.dims (core) imports nnterp.fast.scan (fast)" in "\n".join(found)
+
+
+def test_a_private_name_from_another_module_fails(tmp_path):
+    found = check_layering.violations(
+        tree(
+            tmp_path,
+            {
+                **CLEAN,
+                "components/kernels.py": "def _missing(): ...\n",
+                "families/olmo.py": "from ..components.kernels import _missing, __doc__\n",
+                "components/kimi.py": "from .kernels import _missing as missing\n",
+            },
+        )
+    )
+    taken = "imports _missing from nnterp.components.kernels"
+    assert found == [
+        f"private import: nnterp/components/kimi.py:1: nnterp.components.kimi {taken}",
+        f"private import: nnterp/families/olmo.py:1: nnterp.families.olmo {taken}",
+    ]
+
+
+def test_the_script_exits_nonzero_on_a_violation(tmp_path, capsys):
+    assert check_layering.main([str(tree(tmp_path, CLEAN))]) == 0
+    assert check_layering.main([str(tree(tmp_path, {**CLEAN, "core/x.py": "from ..families import llama\n"}))]) == 1
+    assert "upward import: nnterp/core/x.py:1" in capsys.readouterr().out
