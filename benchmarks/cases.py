@@ -17,8 +17,7 @@ from typing import Any
 import torch
 
 import nnterp
-from nnterp import StandardizedTransformer
-from nnterp import fast_states
+from nnterp import StandardizedTransformer, fast_states
 from nnterp.fast import empty_cache
 from nnterp.recurrent.per_token.from_arguments import FROM_ARGUMENTS
 

@@ -53,7 +53,7 @@ def render(results: dict, cell: Callable) -> str:
         f"* Wall time of the run: {results.get('elapsed_s', 0) / 60:.1f} min",
         "* Models: random weights, float32, batch 1, random token ids; `torch.no_grad()`.",
         "* Routed: the spec's per-token path (`route_kernels(family, 'torch')`; Mamba-2: `chunk_per_token`; Mamba-1's "
-        "pure-torch prompt kernel is already the token loop). Fast path: `nnterp.fast.fast_states(model)`, no routing.",
+        "pure-torch prompt kernel is already the token loop). Fast path: `nnterp.fast_states(model)`, no routing.",
         "",
     ]
     for name, family in results["families"].items():

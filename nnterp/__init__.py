@@ -7,12 +7,12 @@ mixers serve their state entering and leaving a call, after every token, and
 writable mid-prompt and on every step of ``generate``.
 """
 
+from . import families
 from .components.recurrent import RecurrentMixer
+from .core.errors import NnterpError, NotInTrace, OrderError, ReadOnlyValue, RoutingError, Unavailable, UnsupportedModel
 from .recurrent.routing import route_delta_rule, route_kernels
 from .recurrent.settings import chunk_per_token, fast_states
-from .core.errors import NnterpError, NotInTrace, OrderError, ReadOnlyValue, RoutingError, Unavailable, UnsupportedModel
 from .standardized import StandardizedTransformer
-from . import families
 
 __all__ = [
     "StandardizedTransformer",

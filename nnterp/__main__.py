@@ -17,8 +17,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 DEFAULT_MODEL = "qwen3_5_text"  # the embedded tiny hybrid, by nnterp.testing's name
 PROMPT = "The Eiffel Tower is in the city of"
@@ -41,7 +42,7 @@ def format_support(model: Any, title: str = "") -> str:
     n = len(model.layers)
     reasons: dict[str, str] = {}
 
-    def cell(reason: Optional[str]) -> str:
+    def cell(reason: str | None) -> str:
         if reason is None:
             return SERVED
         return reasons.setdefault(reason, CODES[len(reasons) % len(CODES)])
@@ -295,7 +296,7 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     from .core.errors import NnterpError
 
     args = parser().parse_args(argv)

@@ -19,7 +19,8 @@ works without it; calling one without it raises an ImportError naming
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -53,7 +54,7 @@ def token_label(token: str) -> str:
     return str(token).replace("Ġ", "␣").replace("Ċ", "\\n")
 
 
-def _token_labels(tokens: Optional[Sequence[str]], n: int) -> list[str]:
+def _token_labels(tokens: Sequence[str] | None, n: int) -> list[str]:
     if tokens is None:
         return [str(i) for i in range(n)]
     if len(tokens) != n:
@@ -73,7 +74,7 @@ def _norm_per_token(states: torch.Tensor, row: int) -> torch.Tensor:
 
 def state_norms(
     states_by_layer: Any,
-    tokens: Optional[Sequence[str]] = None,
+    tokens: Sequence[str] | None = None,
     *,
     row: int = 0,
     title: str = "Recurrent state norm after each token",
@@ -154,7 +155,7 @@ def head_norms(state: torch.Tensor, *, row: int = 0, title: str = "State norm pe
 
 def patch_effect(
     effects: Any,
-    tokens: Optional[Sequence[str]] = None,
+    tokens: Sequence[str] | None = None,
     *,
     label: str = "Δ p(target)",
     title: str = "Effect of a state patch on the next token",

@@ -21,17 +21,17 @@ from __future__ import annotations
 
 import os
 from functools import reduce
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from nnsight import TransformersModel
 from torch._guards import detect_fake_mode
 
-from .recurrent.routing import refused_device
 from .core.dims import Logits, Probs
 from .core.errors import NnterpError, RoutingError
 from .core.values import DerivedEProperty, EProperty
 from .families import family_for
+from .recurrent.routing import refused_device
 from .support import describe, support_table
 
 
@@ -93,7 +93,7 @@ class StandardizedTransformer(TransformersModel):
         model: Any,
         *,
         dispatch: bool = False,
-        device: Optional[str] = None,
+        device: str | None = None,
         tokenizer: Any = None,
         **kwargs: Any,
     ) -> None:

@@ -29,14 +29,15 @@ as NaN.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any
 
 import torch
 
-from .recurrent.routing import route_kernels
 from .core.errors import NnterpError
+from .recurrent.routing import route_kernels
 
 __all__ = ["SweepResult", "patch_sweep", "per_token_states"]
 
@@ -96,7 +97,7 @@ def per_token_states(model: Any) -> Iterator[None]:
         yield
 
 
-def _target_id(model: Any, target: Union[int, str]) -> int:
+def _target_id(model: Any, target: int | str) -> int:
     if isinstance(target, int) and not isinstance(target, bool):
         return target
     if isinstance(target, str):
@@ -107,7 +108,7 @@ def _target_id(model: Any, target: Union[int, str]) -> int:
     raise NnterpError(f"target_token takes a token id or a one-token string, got {type(target).__name__}")
 
 
-def _recurrent_layers(model: Any, layers: Optional[Sequence[int]]) -> list:
+def _recurrent_layers(model: Any, layers: Sequence[int] | None) -> list:
     recurrent = [i for i, layer in enumerate(model.layers) if getattr(layer, "linear_attn", None) is not None]
     if layers is None:
         if not recurrent:
@@ -120,7 +121,7 @@ def _recurrent_layers(model: Any, layers: Optional[Sequence[int]]) -> list:
     return list(layers)
 
 
-def _positions(positions: Optional[Sequence[int]], n_clean: int, n_donor: int) -> list:
+def _positions(positions: Sequence[int] | None, n_clean: int, n_donor: int) -> list:
     limit = min(n_clean, n_donor)
     if positions is None:
         return list(range(limit))
@@ -154,12 +155,12 @@ def patch_sweep(
     model: Any,
     clean_prompt: str,
     donor_prompt: str,
-    target_token: Union[int, str],
-    layers: Optional[Sequence[int]] = None,
-    positions: Optional[Sequence[int]] = None,
+    target_token: int | str,
+    layers: Sequence[int] | None = None,
+    positions: Sequence[int] | None = None,
     *,
     progress: bool = True,
-    on_cell: Optional[Callable[[int, int, float], None]] = None,
+    on_cell: Callable[[int, int, float], None] | None = None,
 ) -> SweepResult:
     """Patch the donor's state into the clean prompt at every layer × position; collect p(target).
 

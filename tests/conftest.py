@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from nnterp import StandardizedTransformer
-from nnterp.recurrent.kernels import STASH
 from nnterp.families import families
+from nnterp.recurrent.kernels import STASH
 from nnterp.testing import tiny_checkpoint
 
 torch.set_num_threads(1)  # the CI machine has two cores; one per process keeps timings sane

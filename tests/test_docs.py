@@ -33,13 +33,12 @@ import subprocess
 import sys
 import tokenize
 from pathlib import Path
-from typing import Optional
 
 import pytest
 
 import nnterp
-from nnterp.recurrent.kernels import STASH
 from nnterp.families import families
+from nnterp.recurrent.kernels import STASH
 from nnterp.testing import tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +69,7 @@ def tokens(text: str) -> list[tuple[str, str]]:
     return [(m.lastgroup, m.group()) for m in _TOKEN.finditer(text)]
 
 
-def compare(expected: str, actual: str, exact: bool = False) -> Optional[str]:
+def compare(expected: str, actual: str, exact: bool = False) -> str | None:
     """``None`` when ``actual`` has ``expected``'s structure, else what differs.
 
     Numbers match any number (any number matches when ``exact`` is false);

@@ -19,7 +19,7 @@ does not).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from nnsight.intervention.interleaver import Mediator
@@ -29,7 +29,7 @@ from ..core.errors import NnterpError
 from ..core.values import DerivedEProperty, check_tensor
 
 
-def _window(envoy: Any) -> Optional[torch.Tensor]:
+def _window(envoy: Any) -> torch.Tensor | None:
     """The cache's window buffer for this layer, or ``None`` before any has been kept."""
     cache = envoy._call()["cache"]
     if cache is None:
@@ -43,7 +43,7 @@ def _window(envoy: Any) -> Optional[torch.Tensor]:
     return layer.conv_states[0]
 
 
-def _entering(envoy: Any) -> Optional[torch.Tensor]:
+def _entering(envoy: Any) -> torch.Tensor | None:
     window = _window(envoy)
     return window.clone() if window is not None else None
 
@@ -59,7 +59,7 @@ def _assign_entering(envoy: Any, value: torch.Tensor) -> None:
     window.copy_(value)
 
 
-def _leaving(envoy: Any) -> Optional[torch.Tensor]:
+def _leaving(envoy: Any) -> torch.Tensor | None:
     envoy._call()
     Mediator.value(f"{envoy.path}.output")
     window = _window(envoy)

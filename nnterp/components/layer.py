@@ -22,7 +22,7 @@ return and rewrapped on write:
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from ..core.dims import Hidden
 from ..core.standard import Standard
@@ -40,7 +40,7 @@ class Layer(Standard):
 
     KIND = "layer"
     #: The attribute of the HF block holding its feed-forward part, or ``None``.
-    MLP: Optional[str] = "mlp"
+    MLP: str | None = "mlp"
 
     layer_input = EProperty(
         "input", select=FirstInput(), description="hidden states entering the block, [batch, seq, hidden]",

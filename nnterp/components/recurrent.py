@@ -32,7 +32,8 @@ nnsight silently drops a request for a position already passed; nnterp raises
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from nnsight.intervention.interleaver import Mediator
@@ -62,11 +63,11 @@ _NO_CACHE = (
 )
 
 
-def _per_token_reason(mixer: "RecurrentMixer") -> Optional[str]:
+def _per_token_reason(mixer: RecurrentMixer) -> str | None:
     return strategy_for(mixer).unavailable(mixer)
 
 
-def _iteration_reason(mixer: "RecurrentMixer") -> Optional[str]:
+def _iteration_reason(mixer: RecurrentMixer) -> str | None:
     return iteration_strategy(mixer).unavailable(mixer)
 
 
@@ -110,7 +111,7 @@ class RecurrentMixer(Standard):
     STATE_VARIABLE: str = ""
     ONE_STEP_DECODE: bool = False
     CHUNKED_SCAN: bool = False
-    FAST: Optional[FastSpec] = None
+    FAST: FastSpec | None = None
     CHUNK_ARGUMENTS: arguments.Signature = {}
     RECURRENT_ARGUMENTS: arguments.Signature = {}
     SEQ_ARGUMENT: str = "q"
@@ -190,7 +191,7 @@ class RecurrentMixer(Standard):
         return per_call(self, "inputs", read)
 
     @staticmethod
-    def KERNEL(envoy: "RecurrentMixer") -> str:
+    def KERNEL(envoy: RecurrentMixer) -> str:
         """The kernel call that fires on this call of the mixer, decided once per call (`per_call`).
 
         The forward's own test: the token-by-token update for one token over a
@@ -237,13 +238,13 @@ class RecurrentMixer(Standard):
         """Whether this call runs the one-token decode kernel (decided once per call)."""
         return self.KERNEL(self) == self.RECURRENT_KERNEL
 
-    def _table(self, call: Optional[Call] = None) -> dict:
+    def _table(self, call: Call | None = None) -> dict:
         decodes = call.decodes if call is not None else self._decodes()
         return type(self).RECURRENT_ARGUMENTS if decodes else type(self).CHUNK_ARGUMENTS
 
     # -- the kernel's arguments by name -------------------------------------------------
 
-    def _serve(self, name: str, call: Optional[Call] = None) -> Any:
+    def _serve(self, name: str, call: Call | None = None) -> Any:
         """Argument ``name`` of this call's kernel, tokens first; ``None`` where the kernel has no such argument."""
         call = call if call is not None else self._record()
         return arguments.serve(self._table(call), name, call.arguments)
@@ -293,7 +294,7 @@ class RecurrentMixer(Standard):
         """On a one-step decode: the cache's state buffer, which the kernel updates in place."""
         return self._serve("state")
 
-    def _state_input(self) -> Optional[torch.Tensor]:
+    def _state_input(self) -> torch.Tensor | None:
         state = self._serve("state")
         # The cache overwrites the entering state's buffer in place during the call.
         return state.clone() if state is not None else None

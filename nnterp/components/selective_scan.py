@@ -41,8 +41,6 @@ served tokens first and laid back on write, so never transpose what you read.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from jaxtyping import Float
 from torch import Tensor

@@ -51,7 +51,15 @@ from torch import Tensor
 from ..core.dims import BATCH, HEAD_DIM, KEY_HEADS, MIXER_HEADS, SEQ, STATE_SIZE, Gates
 from ..core.values import DerivedEProperty, check_tensor
 from ..fast.specs import SSD
-from ..recurrent.arguments import ONE_TOKEN, ONE_TOKEN_PER_HEAD, PER_HEAD, SAME, assign_step, keep_unchanged, served_step
+from ..recurrent.arguments import (
+    ONE_TOKEN,
+    ONE_TOKEN_PER_HEAD,
+    PER_HEAD,
+    SAME,
+    assign_step,
+    keep_unchanged,
+    served_step,
+)
 from ..recurrent.call import Call
 from ..recurrent.kernels import modeling_of, needs_torch_kernels, original_body
 from ..recurrent.labels import Label, bindings, state_label

@@ -21,8 +21,9 @@ never outlives its run, and its tensors are freed with the worker.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 from greenlet import getcurrent
 
@@ -80,7 +81,7 @@ def forget(envoy: Any, key: str) -> None:
 
 
 @contextmanager
-def pinned(n: Optional[int]) -> Iterator[None]:
+def pinned(n: int | None) -> Iterator[None]:
     """Pin this worker's reads to occurrence ``n`` of their location, as ``tracer.iter[n]`` does.
 
     ``None`` relaxes the pin. A pinned read relaxes it (for ``n > 0``), so a

@@ -10,8 +10,6 @@ declares its values as `EProperty` descriptors; `values` lists them and
 
 from __future__ import annotations
 
-from typing import Optional
-
 from nnsight.intervention.envoy import Envoy
 
 from .values import EProperty
@@ -41,6 +39,6 @@ class Standard(Envoy):
         """
         return {}
 
-    def support(self) -> dict[str, Optional[str]]:
+    def support(self) -> dict[str, str | None]:
         """``{value: None or the reason it is unavailable}`` for this instance, now."""
         return {name: value.reason(self) for name, value in self.values().items()}

@@ -23,7 +23,8 @@ a preprocess that raises one resurfaces that way: blame the preprocess.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from collections.abc import Callable
+from typing import Any
 
 from nnsight.intervention.eproperty import eproperty
 from nnsight.intervention.interleaver import Mediator
@@ -31,6 +32,7 @@ from nnsight.intervention.util import first_input, replace_first_input
 
 from .calls import mediator
 from .errors import NnterpError, ReadOnlyValue, Unavailable
+
 
 class Unwrap:
     """Select a module's output out of the tuple some modules return, and rewrap a write.
@@ -59,7 +61,7 @@ class FirstInput(Unwrap):
 #: Served value -> element; an int indexes a tuple (or the args of an
 #: ``(args, kwargs)`` pair), a str names a keyword, an `Unwrap`-like object
 #: gets and puts, a plain callable picks (read-only).
-Select = Union[int, str, Unwrap, Callable[[Any], Any], None]
+Select = int | str | Unwrap | Callable[[Any], Any] | None
 
 
 class Key:
@@ -69,7 +71,7 @@ class Key:
     depends on the call.
     """
 
-    def __init__(self, fn: Callable[[Any], str], name: Optional[str] = None) -> None:
+    def __init__(self, fn: Callable[[Any], str], name: str | None = None) -> None:
         self.fn = fn
         self.name = name or fn.__name__
 
@@ -141,14 +143,14 @@ class EProperty(eproperty):
 
     def __init__(
         self,
-        key: Union[str, Callable[[Any], str]],
+        key: str | Callable[[Any], str],
         *,
         select: Select = None,
-        preprocess: Optional[Callable[[Any, Any], Any]] = None,
-        postprocess: Optional[Callable[[Any, Any], Any]] = None,
-        description: Optional[str] = None,
-        unavailable: Optional[Callable[[Any], Optional[str]]] = None,
-        validate: Optional[Callable[[Any, Any, Any], None]] = None,
+        preprocess: Callable[[Any, Any], Any] | None = None,
+        postprocess: Callable[[Any, Any], Any] | None = None,
+        description: str | None = None,
+        unavailable: Callable[[Any], str | None] | None = None,
+        validate: Callable[[Any, Any, Any], None] | None = None,
         writable: bool = True,
         annotation: Any = None,
         none_on_fresh_prompt: bool = False,
@@ -172,7 +174,7 @@ class EProperty(eproperty):
         """The line ``print(model)`` shows: ``(name): description``."""
         return f"({self.name}): {self.description}"
 
-    def variant(self, description: Optional[str] = None, annotation: Any = None) -> "EProperty":
+    def variant(self, description: str | None = None, annotation: Any = None) -> EProperty:
         """This value with another description and shape, for a subclass: the same code serves it."""
         # A property subclass neither pickles nor copies: build the twin from its attributes.
         other = type(self).__new__(type(self))
@@ -185,7 +187,7 @@ class EProperty(eproperty):
         """``"<component>.<value>"`` as `support()` keys it."""
         return f"{getattr(envoy, 'KIND', type(envoy).__name__)}.{self.name}"
 
-    def reason(self, envoy: Any) -> Optional[str]:
+    def reason(self, envoy: Any) -> str | None:
         """Why ``envoy`` cannot serve this value now, or ``None``."""
         return self.unavailable(envoy) if self.unavailable is not None else None
 
@@ -234,11 +236,11 @@ class DerivedEProperty(EProperty):
         self,
         compute: Callable[[Any], Any],
         *,
-        assign: Optional[Callable[[Any, Any], None]] = None,
-        description: Optional[str] = None,
-        unavailable: Optional[Callable[[Any], Optional[str]]] = None,
+        assign: Callable[[Any, Any], None] | None = None,
+        description: str | None = None,
+        unavailable: Callable[[Any], str | None] | None = None,
         annotation: Any = None,
-        key: Optional[Key] = None,
+        key: Key | None = None,
         none_on_fresh_prompt: bool = False,
     ) -> None:
         shown = key if key is not None else Key(compute)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
 #: What every tiny test config shares besides the tokenizer's ids: untied embeddings, float32.
 TINY = dict(tie_word_embeddings=False, dtype="float32")
@@ -54,7 +54,7 @@ class Family:
     NAME: ClassVar[str] = ""
     MODELING: ClassVar[ModuleType]
     CONFIG: ClassVar[type]
-    COMPOSITE_CONFIG: ClassVar[Optional[type]] = None
+    COMPOSITE_CONFIG: ClassVar[type | None] = None
     MODEL_TYPES: ClassVar[tuple[str, ...]] = ()
 
     LAYERS: ClassVar[str]
@@ -65,7 +65,7 @@ class Family:
     LAYER: ClassVar[type]
     DECODER_LAYERS: ClassVar[tuple[type, ...]] = ()
     COMPONENTS: ClassVar[dict[type, type]] = {}
-    MIXER: ClassVar[Optional[type]] = None
+    MIXER: ClassVar[type | None] = None
 
     REAL_CHECKPOINTS: ClassVar[dict[str, RealCheckpoint]] = {}
 

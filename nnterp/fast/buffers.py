@@ -28,8 +28,8 @@ from __future__ import annotations
 import mmap
 import os
 import sys
+from collections.abc import Sequence
 from math import prod
-from typing import Sequence
 
 import torch
 

@@ -32,8 +32,6 @@ iterations), plus writing the output once; see ``docs/performance.md``.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from .buffers import empty_states
@@ -59,11 +57,11 @@ def gated_delta_states(
     value: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
-    initial_state: Optional[torch.Tensor] = None,
+    initial_state: torch.Tensor | None = None,
     use_qk_l2norm: bool = True,
     chunk_size: int = CHUNK_SIZE,
     output: bool = False,
-    out: Optional[torch.Tensor] = None,
+    out: torch.Tensor | None = None,
 ):
     """The state after every token of the gated delta rule (transformers' ``torch_recurrent_gated_delta_rule``).
 
@@ -96,11 +94,11 @@ def kimi_delta_states(
     value: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
-    initial_state: Optional[torch.Tensor] = None,
+    initial_state: torch.Tensor | None = None,
     use_qk_l2norm: bool = True,
     chunk_size: int = CHUNK_SIZE,
     output: bool = False,
-    out: Optional[torch.Tensor] = None,
+    out: torch.Tensor | None = None,
 ):
     """The same for Kimi delta attention (transformers' ``recurrent_kimi_delta_attention``).
 

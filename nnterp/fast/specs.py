@@ -17,8 +17,8 @@ Pure torch: this file knows nothing of nnsight or of the components.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 
@@ -29,7 +29,7 @@ from .ssd import ssd_states
 @dataclass(frozen=True)
 class FastSpec:
     name: str
-    compute: Callable[[dict, Optional[torch.Tensor]], torch.Tensor]
+    compute: Callable[[dict, torch.Tensor | None], torch.Tensor]
     tokens: tuple
     state_shape: Callable[[dict], tuple]
 
@@ -38,7 +38,7 @@ class FastSpec:
 
 
 def _delta(states: Callable) -> Callable:
-    def compute(a: dict, out: Optional[torch.Tensor]) -> torch.Tensor:
+    def compute(a: dict, out: torch.Tensor | None) -> torch.Tensor:
         return states(a["q"], a["k"], a["v"], a["g"], a["beta"], a.get("state"), use_qk_l2norm=bool(a.get("l2norm") or False), out=out)
 
     return compute
@@ -49,7 +49,7 @@ def _delta_shape(a: dict) -> tuple:
     return (v.shape[0], v.shape[2], k.shape[3], v.shape[3])
 
 
-def _ssd(a: dict, out: Optional[torch.Tensor]) -> torch.Tensor:
+def _ssd(a: dict, out: torch.Tensor | None) -> torch.Tensor:
     return ssd_states(
         a["x"], a["dt"], a["A"], a["B"], None, a.get("dt_bias"), bool(a.get("dt_softplus") or False),
         tuple(a.get("dt_limit") or (0.0, math.inf)), a.get("state"), out=out,

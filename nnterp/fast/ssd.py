@@ -18,7 +18,6 @@ state element, written once into the output, linear in length.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -32,15 +31,15 @@ def ssd_states(
     dt: torch.Tensor,
     A: torch.Tensor,
     B: torch.Tensor,
-    C: Optional[torch.Tensor] = None,
-    dt_bias: Optional[torch.Tensor] = None,
+    C: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
     dt_softplus: bool = True,
     dt_limit: tuple = (0.0, math.inf),
-    initial_states: Optional[torch.Tensor] = None,
-    chunk_size: Optional[int] = None,
-    D: Optional[torch.Tensor] = None,
+    initial_states: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+    D: torch.Tensor | None = None,
     output: bool = False,
-    out: Optional[torch.Tensor] = None,
+    out: torch.Tensor | None = None,
 ):
     """The state after every token of a Mamba-2 mixer, from its chunk scan's arguments.
 

@@ -19,14 +19,15 @@ what you read, the layout already did.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from ..core.values import select_from
 
-Where = Union[int, str]
+Where = int | str
 
 
 class Layout:
@@ -80,7 +81,7 @@ def named(table: Signature, call: tuple) -> dict:
 # -- the step size Δ, written once for Mamba-1 and Mamba-2 -------------------------
 
 
-def step_size(dt: torch.Tensor, bias: Optional[torch.Tensor], softplus: bool, limit: Optional[tuple] = None) -> torch.Tensor:
+def step_size(dt: torch.Tensor, bias: torch.Tensor | None, softplus: bool, limit: tuple | None = None) -> torch.Tensor:
     """Δ = clamp(softplus(dt + bias), limit), as the kernels compute it (the prompt kernel clamps, the decode kernel not)."""
     step = dt + bias.to(dt.dtype) if bias is not None else dt
     if softplus:
@@ -88,7 +89,7 @@ def step_size(dt: torch.Tensor, bias: Optional[torch.Tensor], softplus: bool, li
     return torch.clamp(step, min=limit[0], max=limit[1]) if limit is not None else step
 
 
-def step_input(delta: torch.Tensor, bias: Optional[torch.Tensor], softplus: bool) -> torch.Tensor:
+def step_input(delta: torch.Tensor, bias: torch.Tensor | None, softplus: bool) -> torch.Tensor:
     """The ``dt`` a kernel takes for the step size ``delta``: the inverse of `step_size` (inside its limit)."""
     step = inverse_softplus(delta) if softplus else delta
     return step - bias.to(step.dtype) if bias is not None else step

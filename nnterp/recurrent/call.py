@@ -14,7 +14,7 @@ invokes never share one and it is freed with its run.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -65,7 +65,7 @@ class Call:
         self.seq = 0
         self.expected: tuple = ((), torch.float32, None)
         self.output_at = 0
-        self.furthest: Optional[tuple[int, str]] = None
+        self.furthest: tuple[int, str] | None = None
         self.writes: dict[int, torch.Tensor] = {}
         self.states_read = False
         self.strategy: dict[str, Any] = {}

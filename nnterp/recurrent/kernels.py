@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import inspect
 import sys
+from collections.abc import Callable
 from types import FunctionType, ModuleType
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 from nnsight.intervention.source import decorator_chain
@@ -51,7 +52,7 @@ def torch_function(fn: Any) -> Any:
     return fn
 
 
-def compiled_package(fn: Any) -> Optional[str]:
+def compiled_package(fn: Any) -> str | None:
     """The package a dispatcher hands ``fn``'s calls to, or ``None`` when it runs the pure-torch body."""
     cells = closure(fn)
     if not cells or cells.get("implementation") is cells.get("torch_function"):
@@ -59,7 +60,7 @@ def compiled_package(fn: Any) -> Optional[str]:
     return cells.get("package") or getattr(cells["implementation"], "__module__", "?").split(".")[0]
 
 
-def optimized(fn: Any) -> Optional[str]:
+def optimized(fn: Any) -> str | None:
     """Why the binding ``fn`` has no Python body to read inside, or ``None``; names the package and the fix."""
     if is_hub_module(fn):
         return (
@@ -118,7 +119,7 @@ def signature_binding(forward: Callable, module: Any, args: tuple, kwargs: dict)
     return flat
 
 
-def needs_torch_kernels(mixer: Any) -> Optional[str]:
+def needs_torch_kernels(mixer: Any) -> str | None:
     """Why a recurrent mixer's kernel values are unavailable: the kernel has no Python source to read inside.
 
     The scan's kernels first, then the short convolution's: a compiled

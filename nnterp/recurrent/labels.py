@@ -21,9 +21,10 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 from nnsight.intervention.source import compiled, decorator_chain
 
@@ -70,7 +71,7 @@ class Label:
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, obj: Any, owner: Optional[type] = None) -> Any:
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
             return labels_for(owner, reference(owner))[self.name]
         return labels_for(type(obj), type(obj._module))[self.name]
@@ -132,7 +133,7 @@ def _assigns(tree: ast.AST, line: int, variable: str) -> bool:
     return False
 
 
-def cache_test(forward: Callable, required: bool = True) -> Optional[str]:
+def cache_test(forward: Callable, required: bool = True) -> str | None:
     """How ``forward`` asks the cache whether it continues a state (``None`` when it asks neither way and not ``required``).
 
     ``"get_recurrent_state"`` (5.21+: the state is ``None`` until a prompt

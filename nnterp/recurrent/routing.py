@@ -34,7 +34,7 @@ from .labels import labels_for
 MODES = ("torch", "default")
 
 #: Every live recurrent mixer envoy (`track`), so routing can reset their instrumentation.
-_LIVE: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def track(mixer: Any) -> None:
@@ -102,7 +102,7 @@ class Routing:
         self.modeling = modeling
         self.previous = previous
 
-    def __enter__(self) -> "Routing":
+    def __enter__(self) -> Routing:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -202,7 +202,7 @@ def reinstrument(modeling: ModuleType, names: set[str]) -> int:
     return reset
 
 
-def refused_device(model: Any) -> "str | None":
+def refused_device(model: Any) -> str | None:
     """Why running ``model`` would fail inside a compiled kernel that refuses its device, or ``None``.
 
     With ``mamba_ssm`` or ``causal-conv1d`` installed, the dispatcher hands a

@@ -19,7 +19,8 @@ unwind in order.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from ..core.calls import in_trace
 from ..core.errors import NnterpError, RoutingError
@@ -28,7 +29,7 @@ from ..core.errors import NnterpError, RoutingError
 PER_TOKEN = "_nnterp_per_token"
 
 
-def per_token_setting(mixer: Any) -> Optional[str]:
+def per_token_setting(mixer: Any) -> str | None:
     """The mixer's per-token setting (``None`` when its model set none)."""
     return mixer.__dict__.get(PER_TOKEN)
 
@@ -39,7 +40,7 @@ class Setting:
     def __init__(self, name: str, mixers: list, previous: list, enabled: bool) -> None:
         self.name, self.mixers, self.previous, self.enabled = name, mixers, previous, enabled
 
-    def __enter__(self) -> "Setting":
+    def __enter__(self) -> Setting:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -50,7 +51,7 @@ class Setting:
         return f"{self.name}({len(self.mixers)} mixers, enabled={self.enabled})"
 
 
-def _store(mixer: Any, value: Optional[str]) -> None:
+def _store(mixer: Any, value: str | None) -> None:
     object.__setattr__(mixer, PER_TOKEN, value)
 
 

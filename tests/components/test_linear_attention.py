@@ -132,7 +132,7 @@ class TestLinearAttention(CheckpointFixtures):
     def test_each_step_serves_its_own_call_whatever_is_read_first(self, routed, plain, ids, first_read):
         layer = 2
         mix = routed.layers[layer].linear_attn
-        outs, ins = [], []
+        outs = []
         with torch.no_grad(), routed.generate(ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False) as tracer:
             for step in tracer.iter[:NEW]:
                 if first_read == "states":

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from nnterp.recurrent.arguments import CHANNELS_FIRST, ONE_TOKEN
 from nnterp.components.selective_scan import SelectiveScan
+from nnterp.recurrent.arguments import CHANNELS_FIRST, ONE_TOKEN
 from tests.blocks import check_printed, run_block
 from tests.suites.standins import compiled_kernels, mixer_kernels
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from nnterp.recurrent.arguments import ONE_TOKEN_PER_HEAD, PER_HEAD
 from nnterp.components.state_space import StateSpace
+from nnterp.recurrent.arguments import ONE_TOKEN_PER_HEAD, PER_HEAD
 from tests.blocks import check_printed, run_block
 
 

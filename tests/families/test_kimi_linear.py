@@ -6,7 +6,12 @@ import transformers.models.kimi_linear.modeling_kimi_linear as modeling
 
 from nnterp.components.kimi_delta_attention import KimiDeltaAttention
 from tests.reference.recurrences import gated_delta_rule, kimi_delta_attention
-from tests.suites.gated_deltanet import PROMPT, GatedDeltaNetSuite, assert_kernel_arguments_reproduce_states, assert_layer_map_follows_the_config
+from tests.suites.gated_deltanet import (
+    PROMPT,
+    GatedDeltaNetSuite,
+    assert_kernel_arguments_reproduce_states,
+    assert_layer_map_follows_the_config,
+)
 
 
 class TestKimiLinear(GatedDeltaNetSuite):

@@ -16,8 +16,8 @@ import transformers.models.kimi_linear.modeling_kimi_linear as kimi_modeling
 import transformers.models.mamba2.modeling_mamba2 as mamba2_modeling
 import transformers.models.qwen3_5.modeling_qwen3_5 as qwen_modeling
 
-from nnterp.recurrent.kernels import torch_function
 from nnterp.fast import buffers, gated_delta_states, kimi_delta_states, ssd_states
+from nnterp.recurrent.kernels import torch_function
 from tests.reference.recurrences import gated_delta_rule, kimi_delta_attention, ssd
 
 LENGTHS = [1, 3, 13, 64, 65, 200]

@@ -14,9 +14,8 @@ from transformers import AutoModelForCausalLM
 
 import nnterp
 import nnterp.standardized
-from nnterp import NnterpError, OrderError, RoutingError, StandardizedTransformer
+from nnterp import NnterpError, OrderError, RoutingError, StandardizedTransformer, fast_states
 from nnterp.components.state_space import StateSpace
-from nnterp import fast_states
 from nnterp.families import REGISTRY
 from tests.reference import hf_oracles as hf
 

@@ -14,10 +14,10 @@ import torch
 
 import nnterp
 from nnterp import RoutingError
+from nnterp.families import families
 from nnterp.recurrent import kernels
 from nnterp.recurrent.kernels import STASH
 from nnterp.recurrent.routing import refused_device
-from nnterp.families import families
 from tests.suites.standins import compiled_kernels, mixer_kernels
 
 PROMPT = "The Eiffel Tower is in the city of"

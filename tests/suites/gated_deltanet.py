@@ -19,7 +19,7 @@ model and the prompt ids, for a family's own tests to call with other arguments.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -118,7 +118,7 @@ def assert_states_equal_the_cache_after_each_prefix(model, plain, ids, layer: in
     assert torch.equal(states[:, -1], final)
 
 
-def assert_kernel_arguments_reproduce_states(model, layer: int, recurrence: Optional[Callable] = None) -> dict:
+def assert_kernel_arguments_reproduce_states(model, layer: int, recurrence: Callable | None = None) -> dict:
     """The kernel's arguments as served (q, k, v, β, g), fed to the paper's recurrence, give ``states`` and the kernel's output.
 
     Returns the arguments, for a family's own checks on them.

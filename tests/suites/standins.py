@@ -9,8 +9,8 @@ raises what the real CUDA kernels raise on a CPU tensor.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Iterable, Iterator
 
 REFUSAL = "Expected u.is_cuda() to be true"
 

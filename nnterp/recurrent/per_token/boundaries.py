@@ -23,7 +23,7 @@ scan reads it off the boundary before it).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -37,7 +37,7 @@ from .loop import TokenOp, drill
 from .protocol import PerToken
 
 
-def needs_per_token_chunks(mixer: Any) -> Optional[str]:
+def needs_per_token_chunks(mixer: Any) -> str | None:
     """Why the state after every token is unavailable: the chunk scan has boundaries only every ``chunk_size`` tokens."""
     reason = needs_torch_kernels(mixer)
     if reason is not None:
@@ -57,7 +57,7 @@ class ChunkBoundaries(PerToken):
 
     name = "chunk boundaries"
 
-    def unavailable(self, mixer: Any) -> Optional[str]:
+    def unavailable(self, mixer: Any) -> str | None:
         return needs_per_token_chunks(mixer)
 
     def require(self, mixer: Any, what: str) -> None:

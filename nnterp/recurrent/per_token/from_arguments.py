@@ -30,7 +30,7 @@ is no per-token location): it stays the component's own strategy.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from nnsight.intervention.interleaver import Mediator
@@ -50,7 +50,7 @@ class FromArguments(PerToken):
 
     name = "from the kernel call's arguments"
 
-    def unavailable(self, mixer: Any) -> Optional[str]:
+    def unavailable(self, mixer: Any) -> str | None:
         if type(mixer).FAST is None:
             return f"{type(mixer).__name__} has no fast path"
         return None
@@ -70,7 +70,7 @@ class FromArguments(PerToken):
             call.strategy.update(named=arguments, served=False)
         return call
 
-    def _segments(self, call: Call, stop: Optional[int] = None) -> list:
+    def _segments(self, call: Call, stop: int | None = None) -> list:
         """``(lo, hi, initial)`` runs of the call up to ``stop``, split after every write."""
         stop = call.seq if stop is None else stop
         runs, lo, initial = [], 0, call.strategy["named"].get("state")

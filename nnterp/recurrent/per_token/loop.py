@@ -17,7 +17,7 @@ call's last token the kernel's returned final state.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import torch
 from nnsight.intervention.interleaver import Mediator
@@ -38,7 +38,7 @@ class TokenOp(NamedTuple):
     seq: int
 
 
-def needs_recurrent_routing(mixer: Any) -> Optional[str]:
+def needs_recurrent_routing(mixer: Any) -> str | None:
     """Why the per-token state is unavailable: only the token-by-token kernel materializes it."""
     if mixer.STATE_OP is None:
         return "this mixer's kernels do not materialize the state after each token"
@@ -69,7 +69,7 @@ class TokenLoop(PerToken):
 
     name = "token loop"
 
-    def unavailable(self, mixer: Any) -> Optional[str]:
+    def unavailable(self, mixer: Any) -> str | None:
         return needs_recurrent_routing(mixer)
 
     def require(self, mixer: Any, what: str) -> Call:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -18,7 +18,7 @@ class PerToken:
     #: Shown in reprs and docs.
     name = "per-token strategy"
 
-    def unavailable(self, mixer: Any) -> Optional[str]:
+    def unavailable(self, mixer: Any) -> str | None:
         """Why this strategy cannot serve the mixer now (routing, kernels, settings), or ``None``."""
         raise NotImplementedError
 
