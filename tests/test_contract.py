@@ -108,7 +108,7 @@ def _check_every_value(model, routed):
                         value_read = getattr(component, name)
                         got.append(value_read.save() if value_read is not None else None)
                     served = got[0]
-                    if value.description and "None on a fresh prompt" in value.description:
+                    if value.none_on_fresh_prompt:
                         assert served is None, f"{kind}.{name} on a fresh prompt"
                         continue
                     shape = _expected_shape(model, component, value, 1, seq)
@@ -126,7 +126,7 @@ def test_writing_values_back_unchanged_leaves_logits_unchanged(case):
             for name, value in type(component).values().items():
                 if not value.writable or value.reason(component) is not None:
                     continue
-                if value.description and "None on a fresh prompt" in value.description:
+                if value.none_on_fresh_prompt:
                     continue  # nothing enters a prompt; written back on a decode step below
                 with torch.no_grad(), model.trace(PROMPT):
                     setattr(component, name, getattr(component, name))
@@ -137,7 +137,7 @@ def test_writing_values_back_unchanged_leaves_logits_unchanged(case):
 def test_entering_values_written_back_on_a_decode_step_change_nothing(recurrent):
     _, model = recurrent
     mixers = [layer.linear_attn for layer in model.layers if getattr(layer, "linear_attn", None) is not None]
-    entering = [name for name, value in type(mixers[0]).values().items() if value.writable and value.description and "None on a fresh prompt" in value.description]
+    entering = [name for name, value in type(mixers[0]).values().items() if value.writable and value.none_on_fresh_prompt]
     assert entering, "a recurrent mixer serves what enters a call from the cache"
     kwargs = dict(max_new_tokens=3, min_new_tokens=3, do_sample=False)
     with torch.no_grad(), model.generate(PROMPT, **kwargs) as tracer:

@@ -119,6 +119,14 @@ def signature_binding(forward: Callable, module: Any, args: tuple, kwargs: dict)
     return flat
 
 
+def drill(op: Any) -> Any:
+    """The source inside a kernel call's envoy: through the hub dispatcher when the name is not routed."""
+    source = op.source
+    if "implementation_0" in source.names and "torch_function_0" in source.names:
+        source = source.implementation_0.source
+    return source
+
+
 def needs_torch_kernels(mixer: Any) -> str | None:
     """Why a recurrent mixer's kernel values are unavailable: the kernel has no Python source to read inside.
 

@@ -115,3 +115,13 @@ def test_values_are_listed_in_declaration_order_with_descriptions():
     names = list(PairComponent.values())
     assert names[:3] == ["doubled", "shifted", "scale"] and "total" in names
     assert str(PairComponent.doubled) == "(doubled): 2x"
+
+
+def test_a_value_none_on_a_fresh_prompt_is_declared_not_described():
+    """The contract suite reads the declared flag; the description is prose for people."""
+    from nnterp.components.linear_attention import LinearAttention
+    from nnterp.components.selective_scan import SelectiveScan
+
+    for cls in (LinearAttention, SelectiveScan):
+        flagged = {name for name, value in cls.values().items() if value.none_on_fresh_prompt}
+        assert flagged == {"state_input", "conv_state_input"}

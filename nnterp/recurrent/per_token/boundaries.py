@@ -31,10 +31,9 @@ from ...core.calls import forget, mediator, per_call, pinned
 from ...core.errors import OrderError, Unavailable
 from ...core.values import check_expected
 from ..call import KERNEL_RAN, Call, order_hint
-from ..kernels import needs_torch_kernels
+from ..kernels import drill, needs_torch_kernels
 from ..settings import per_token_setting
-from .loop import TokenOp, drill
-from .protocol import PerToken
+from .protocol import PerToken, TokenOp
 
 
 def needs_per_token_chunks(mixer: Any) -> str | None:

@@ -17,25 +17,17 @@ call's last token the kernel's returned final state.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from nnsight.intervention.interleaver import Mediator
 
 from ...core.calls import mediator, pinned
-from ...core.errors import OrderError, Unavailable
+from ...core.errors import Unavailable
 from ...core.values import check_expected
-from ..call import KERNEL_RAN, Call, order_hint
-from ..kernels import bound, modeling_of, needs_torch_kernels, torch_function
-from .protocol import PerToken
-
-
-class TokenOp(NamedTuple):
-    """``(op, first, seq)``: the state binding under this call's kernel, its first token's occurrence, the call's length."""
-
-    op: Any
-    first: int
-    seq: int
+from ..call import KERNEL_RAN, Call
+from ..kernels import bound, drill, modeling_of, needs_torch_kernels, torch_function
+from .protocol import PerToken, TokenOp
 
 
 def needs_recurrent_routing(mixer: Any) -> str | None:
@@ -54,14 +46,6 @@ def needs_recurrent_routing(mixer: Any) -> str | None:
             "before tracing this layer (slower, like attn_implementation='eager')"
         )
     return None
-
-
-def drill(op: Any) -> Any:
-    """The source inside a kernel call: through the hub dispatcher when the name is not routed."""
-    source = op.source
-    if "implementation_0" in source.names and "torch_function_0" in source.names:
-        source = source.implementation_0.source
-    return source
 
 
 class TokenLoop(PerToken):
@@ -158,4 +142,4 @@ class TokenLoop(PerToken):
 
 TOKEN_LOOP = TokenLoop()
 
-__all__ = ["TokenLoop", "TOKEN_LOOP", "TokenOp", "needs_recurrent_routing", "drill", "OrderError", "order_hint"]
+__all__ = ["TokenLoop", "TOKEN_LOOP", "TokenOp", "needs_recurrent_routing"]

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+
+
+class TokenOp(NamedTuple):
+    """``(op, first, seq)``: the state binding under this call's kernel, its first token's occurrence, the call's length."""
+
+    op: Any
+    first: int
+    seq: int
 
 
 class PerToken:
