@@ -31,7 +31,7 @@ WHY = {
     ),
     "generate": (
         "Not the state read itself: nnterp decides the kernel of every mixer call from the call's inputs, and "
-        "`nnterp.components.kernels.signature_binding` re-derives the forward's signature on every call "
+        "`nnterp.recurrent.kernels.signature_binding` re-derives the forward's signature on every call "
         "(`decorator_chain` re-reads and tokenizes the forward's source: about half of the run's time under a profiler). "
         "Memoizing that signature per forward (a two-line `functools.lru_cache`) measured, in one process on this "
         "machine, 1.28x -> 1.12x (gated DeltaNet), 2.05x -> 1.18x (Mamba-1) and 1.76x -> 1.17x (Mamba-2)."
