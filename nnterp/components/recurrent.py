@@ -409,8 +409,8 @@ class RecurrentMixer(Standard):
         computed), as when a cache holding the prefix's state is replaced
         before the rest is fed; ``state_after(t)`` then reads ``value``. On
         the call's last token the kernel returns ``value`` as its final state,
-        which the next decode step starts from. (Assigning `state` under
-        ``tracer.iter[t]`` is the raw location: token ``t``'s readout uses it.)
+        which the next decode step starts from. Assigning `state` under
+        ``tracer.iter[t]`` is this write, on every mixer.
 
         Reads follow the forward: in the same trace, read positions before
         ``t`` before the write and positions after it afterwards; `states`

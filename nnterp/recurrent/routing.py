@@ -20,7 +20,11 @@ other. Routing inside a running trace raises.
 
 from __future__ import annotations
 
+import signal
+import threading
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
@@ -174,20 +178,55 @@ def route_delta_rule(family: Any, mode: str) -> Routing:
 
 
 def _rebind(modeling: ModuleType, target: dict[str, Any]) -> None:
-    changed = {name for name, fn in target.items() if modeling.__dict__.get(name) is not fn}
-    for name, fn in target.items():
-        setattr(modeling, name, fn)
-    if changed:
-        reinstrument(modeling, changed)
+    """Bind ``target`` and reset every live mixer compiled over other bindings, as one step.
+
+    An interrupt (Ctrl-C) arriving meanwhile is held until the step is done, and
+    any other exception puts the previous bindings back: the names and the
+    mixers' compiled forwards never disagree. Resetting looks at what each
+    compiled forward was built over, not at what changed, so a repeated
+    ``"default"`` also repairs a mixer left compiled over the routed kernels.
+    """
+    previous = {name: modeling.__dict__[name] for name in target}
+    with _interrupts_held():
+        try:
+            for name, fn in target.items():
+                setattr(modeling, name, fn)
+            reinstrument(modeling, set(target))
+        except BaseException:
+            for name, fn in previous.items():
+                setattr(modeling, name, fn)
+            reinstrument(modeling, set(target))
+            raise
+
+
+@contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Hold SIGINT until the block ends, then raise it (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    except ValueError:  # not the main interpreter
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            raise KeyboardInterrupt
 
 
 def reinstrument(modeling: ModuleType, names: set[str]) -> int:
-    """Drop nnsight's instrumented forward of every live mixer of ``modeling`` that calls one of ``names``.
+    """Drop nnsight's instrumented forward of every live mixer of ``modeling`` compiled over other bindings of ``names``.
 
     The controller stays; the next ``.source`` access instruments the forward
     again, over the module's globals as they are now. Returns how many were reset.
     """
     reset = 0
+    bound = modeling.__dict__
     for mixer in list(_LIVE):
         module = mixer._module
         if type(module).__module__ != modeling.__name__:
@@ -195,11 +234,37 @@ def reinstrument(modeling: ModuleType, names: set[str]) -> int:
         state = module.__dict__.get(STATE)
         if state is None or not state.sourced:
             continue
-        labels = state.compiled.names if state.compiled is not None else ()
-        if any(label.rsplit("_", 1)[0] in names for label in labels):
+        seen = _compiled_globals(state.body, modeling.__name__)
+        if any(name in seen and seen[name] is not bound.get(name) for name in names):
             state.body, state.sourced, state.compiled = state.original, False, None
             reset += 1
     return reset
+
+
+def _compiled_globals(body: Any, module_name: str) -> dict:
+    """The globals the instrumented forward runs over: a copy of its module's, taken when it was compiled.
+
+    ``body`` may be wrapped by decorators (accelerate's hooks, deprecations)
+    defined elsewhere: the forward itself is the innermost function of its
+    modeling module along the closures.
+    """
+    found: dict = {}
+    fn, seen = body, set()
+    while callable(fn) and id(fn) not in seen:
+        seen.add(id(fn))
+        if getattr(fn, "__module__", None) == module_name and hasattr(fn, "__globals__"):
+            found = fn.__globals__
+        cells = [cell.cell_contents for cell in (getattr(fn, "__closure__", None) or ()) if _filled(cell)]
+        fn = next((c for c in cells if callable(c) and hasattr(c, "__globals__")), None)
+    return found
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
 
 
 def refused_device(model: Any) -> str | None:

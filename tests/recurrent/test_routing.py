@@ -125,3 +125,75 @@ def test_refused_device_names_route_kernels_only_where_a_compiled_kernel_would_r
         assert "causal_conv1d" in reason and "route_kernels(model.family, 'torch')" in reason
         with nnterp.route_kernels(mamba.family, "torch"):
             assert refused_device(mamba) is None
+
+
+# -- interrupts and repairs: names and compiled forwards never disagree -------------------
+
+
+def _bound(family) -> dict:
+    return {name: family.MODELING.__dict__[name] for name in family.MODELING.__dict__.get(STASH, {})}
+
+
+def _sourced(model) -> list:
+    from nnsight.intervention.source import STATE
+
+    return [layer.linear_attn._module.__dict__[STATE].sourced for layer in model.layers if layer.linear_attn is not None]
+
+
+def test_an_exception_while_routing_puts_the_previous_bindings_back(qwen, monkeypatch):
+    import nnterp.recurrent.routing as routing
+
+    nnterp.route_kernels(qwen.family, "default")  # stash the originals
+    before, support = _bound(qwen.family), qwen.support()
+    original = routing.reinstrument
+    calls = []
+
+    def interrupted(modeling, names):
+        calls.append(names)
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # as a Ctrl-C landing in the middle of the step
+        return original(modeling, names)
+
+    monkeypatch.setattr(routing, "reinstrument", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        nnterp.route_kernels(qwen.family, "torch")
+    assert _bound(qwen.family) == before and qwen.support() == support
+
+
+def test_a_real_sigint_while_routing_is_held_until_the_step_is_done(qwen, monkeypatch):
+    import signal
+
+    import nnterp.recurrent.routing as routing
+
+    original = routing.reinstrument
+
+    def signalled(modeling, names):
+        signal.raise_signal(signal.SIGINT)
+        return original(modeling, names)
+
+    monkeypatch.setattr(routing, "reinstrument", signalled)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            nnterp.route_kernels(qwen.family, "torch")
+        assert qwen.support()["linear_attn.states"] is None, "the step completed before the interrupt was raised"
+    finally:
+        monkeypatch.setattr(routing, "reinstrument", original)
+        nnterp.route_kernels(qwen.family, "default")
+    assert qwen.support()["linear_attn.states"] is not None
+
+
+def test_a_repeated_default_repairs_a_mixer_compiled_over_the_routed_kernels(qwen):
+    nnterp.route_kernels(qwen.family, "torch")
+    try:
+        with torch.no_grad(), qwen.trace(PROMPT):
+            qwen.layers[0].linear_attn.states.save()  # compiled over the routed names
+        assert _sourced(qwen)[0]
+    finally:
+        stash = qwen.family.MODELING.__dict__[STASH]
+        for name, original in stash.items():  # the names put back behind routing's back (an interrupted undo)
+            setattr(qwen.family.MODELING, name, original)
+    assert _sourced(qwen)[0], "the names alone do not reach the compiled forward"
+    nnterp.route_kernels(qwen.family, "default")
+    assert not _sourced(qwen)[0], "the mixer compiled over the routed kernels is reset"
+    with pytest.raises(nnterp.Unavailable), qwen.trace(PROMPT):
+        qwen.layers[0].linear_attn.states

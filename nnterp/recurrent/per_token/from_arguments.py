@@ -16,7 +16,9 @@ and:
   on ``[:t+1]`` and on ``[t+1:]`` from ``value``, and the call is skipped with
   ``(both outputs concatenated, the second's final state)``, so token ``t``
   keeps its own readout and the rest continue from ``value``. Later writes in
-  the same call re-split and replace the output.
+  the same call re-split and replace the output. When another invoke shares
+  the call (a skip must cover every row), the kernel runs and this invoke's
+  rows of its output are replaced instead.
 
 On a one-token decode step, ``states`` is the step's new state
 (``state_output``) and ``set_state_after(0, v)`` replaces it.
@@ -145,11 +147,15 @@ class FromArguments(PerToken):
             raise OrderError(order_hint(what, f"set_state_after({max(call.writes)}, value)"))
         call.writes[position] = value
         result = self._split_result(mixer, call)
-        if not call.strategy["served"]:
+        if not call.strategy["served"] and _covers_the_batch():
             call.op.skip(result)
-            call.strategy["served"] = True
         else:
+            # Another invoke shares this kernel call (a skip must cover every row, and the
+            # others may not write): let the kernel run, and replace this invoke's rows.
+            if not call.strategy["served"]:
+                call.op.output
             Mediator.swap(f"{call.op.path}.output", result)
+        call.strategy["served"] = True
 
     def _split_result(self, mixer: Any, call: Call) -> Any:
         """What the call returns with its writes: the segments' outputs, and the final state."""
@@ -167,6 +173,14 @@ class FromArguments(PerToken):
         raise Unavailable("linear_attn.state", "the fast path has no per-token location for tracer.iter")
 
     set_state = state  # type: ignore[assignment]
+
+
+def _covers_the_batch() -> bool:
+    """Whether this worker's rows are the whole batch (one invoke), so its write may skip the kernel call."""
+    med = mediator()
+    batcher = getattr(med.interleaver, "batcher", None)
+    group = med.batch_group
+    return group is None or batcher is None or (group[0] == 0 and group[1] == batcher.total)
 
 
 def cut(table: dict, tokens: tuple, call: tuple, lo: int, hi: int, initial: Any, final: bool) -> tuple:

@@ -1,0 +1,109 @@
+"""What every per-token strategy shares, on every recurrent kind: one meaning for `state`, validated writes, no cache.
+
+Oracles: ``set_state_after`` (itself checked against a replaced-cache
+continuation in the suites), the shapes and dtypes of what the model serves,
+and transformers' own forward without a cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import nnterp
+from nnterp import NnterpError, Unavailable
+
+PROMPT = "The Eiffel Tower is in the city of"
+OTHER = "My favourite food is pizza with"
+
+#: model_type -> how its prompts reach the state after every token.
+PER_TOKEN = {
+    "qwen3_5_text": lambda m: nnterp.route_kernels(m.family, "torch"),
+    "kimi_linear": lambda m: nnterp.route_kernels(m.family, "torch"),
+    "mamba": lambda m: contextlib.nullcontext(),
+    "mamba2": lambda m: nnterp.chunk_per_token(m),
+}
+
+
+def _mixer(model):
+    return next(layer.linear_attn for layer in model.layers if layer.linear_attn is not None)
+
+
+@pytest.mark.parametrize("model_type", sorted(PER_TOKEN))
+def test_assigning_state_under_tracer_iter_is_set_state_after(load, model_type):
+    model = load(model_type)
+    mix = _mixer(model)
+    with PER_TOKEN[model_type](model):
+        with torch.no_grad(), model.trace(PROMPT):
+            donor = (mix.state_after(2) * 3 + 1).save()
+        with torch.no_grad(), model.trace(PROMPT):
+            mix.set_state_after(2, donor)
+            expected = model.logits.save()
+        with torch.no_grad(), model.trace(PROMPT) as tracer:
+            for _ in tracer.iter[2]:
+                mix.state = donor
+            got = model.logits.save()
+        with torch.no_grad(), model.trace(PROMPT):
+            plain = model.logits.save()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got[:, :3], plain[:, :3], rtol=1e-5, atol=1e-6, msg="tokens up to t keep their output")
+    assert not torch.allclose(got[:, 3:], plain[:, 3:]), "the tokens after t continue from the assigned state"
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "mamba"])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (lambda s: s[:, :1], "shape"),
+        (lambda s: s.to(torch.int64), "dtype"),
+        (lambda s: s.to(torch.float16), "dtype"),
+        (lambda s: 0.5, "tensor"),
+    ],
+    ids=["one-head", "int64", "float16", "python-float"],
+)
+def test_assigning_state_under_tracer_iter_is_validated(load, model_type, bad, message):
+    model = load(model_type)
+    mix = _mixer(model)
+    with PER_TOKEN[model_type](model):
+        with torch.no_grad(), model.trace(PROMPT):
+            state = mix.state_after(1).save()
+        with pytest.raises(NnterpError, match=message), torch.no_grad(), model.trace(PROMPT) as tracer:
+            for _ in tracer.iter[1]:
+                mix.state = bad(state)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "qwen3_next", "olmo_hybrid", "kimi_linear", "mamba", "mamba2"])
+def test_without_a_cache_state_output_is_unavailable_naming_use_cache(load, model_type):
+    model = load(model_type)
+    mix = _mixer(model)
+    with pytest.raises(Unavailable, match="use_cache=True"), torch.no_grad(), model.trace(PROMPT, use_cache=False):
+        mix.state_output
+    with torch.no_grad(), model.trace(PROMPT, use_cache=True):
+        state = mix.state_output.save()
+    with pytest.raises(Unavailable, match="use_cache=True"), torch.no_grad(), model.trace(PROMPT, use_cache=False):
+        mix.state_output = state
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "mamba2"])
+def test_fast_path_writes_in_one_invoke_of_two(load, model_type):
+    model = load(model_type)
+    mix = _mixer(model)
+    with nnterp.fast_states(model):
+        with torch.no_grad(), model.trace(PROMPT):
+            value = (mix.state_after(2) * 2).save()
+        with torch.no_grad(), model.trace() as tracer:
+            with tracer.invoke(PROMPT):
+                mix.set_state_after(2, value)
+                patched = model.next_token_probs.save()
+            with tracer.invoke(PROMPT):
+                untouched = model.next_token_probs.save()
+        with torch.no_grad(), model.trace(PROMPT):
+            mix.set_state_after(2, value)
+            patched_alone = model.next_token_probs.save()
+        with torch.no_grad(), model.trace(PROMPT):
+            alone = model.next_token_probs.save()
+    torch.testing.assert_close(patched, patched_alone, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(untouched, alone, rtol=1e-4, atol=1e-6)
+    assert not torch.allclose(patched, alone)
