@@ -18,12 +18,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import nnterp
 from nnterp import Unavailable
 from nnterp.components.layer import PARTS
-from nnterp.families import REGISTRY
+from nnterp.families import REGISTRY, absent
+from tests.suites.checkpoint import model_type_params
 
 PROMPT = "The Eiffel Tower is in the city of"
 OTHER = "My favourite food is pizza with"
-TYPES = sorted(REGISTRY)
-RECURRENT = [t for t in TYPES if REGISTRY[t].MIXER is not None]
+TYPES = model_type_params(sorted(REGISTRY))
+RECURRENT = model_type_params([t for t in sorted(REGISTRY) if absent(t) is None and REGISTRY[t].MIXER is not None])
 
 
 @pytest.fixture(scope="module", params=TYPES)

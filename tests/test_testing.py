@@ -20,6 +20,7 @@ import nnterp.testing.tokenizer as tokenizer_mod
 from nnterp.families import REGISTRY
 from nnterp.families.qwen3_5_text import Qwen3_5Text
 from nnterp.testing import MODEL_TYPES, default_cache_dir, tiny_checkpoint, tiny_config, tiny_tokenizer
+from tests.suites.checkpoint import model_type_params
 
 TEXTS = [
     "The Eiffel Tower is in the city of Paris",
@@ -86,7 +87,7 @@ def test_tokenizer_cache_dir_loads_back(tmp_path):
 # ----------------------------------------------------------------- configs
 
 
-@pytest.mark.parametrize("model_type", MODEL_TYPES)
+@pytest.mark.parametrize("model_type", model_type_params(MODEL_TYPES))
 def test_tiny_config_common_fields(model_type):
     tok = tiny_tokenizer()
     cfg = _text_config(tiny_config(model_type))
@@ -136,7 +137,7 @@ def _next_token_probs(model, tok, prompt):
     return logits[0, -1].softmax(-1)
 
 
-@pytest.mark.parametrize("model_type", MODEL_TYPES)
+@pytest.mark.parametrize("model_type", model_type_params(MODEL_TYPES))
 def test_checkpoint_loads_and_is_informative(model_type, cache_dir):
     path = tiny_checkpoint(model_type, cache_dir=cache_dir)
     model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)

@@ -20,6 +20,10 @@ from typing import Any
 from ..core.errors import UnsupportedModel
 from .base import Family
 
+
+class FamilyAbsent(UnsupportedModel):
+    """A registered family whose transformers classes the installed release does not have (added later)."""
+
 #: A ``model_type`` served by the family filed under another name -> that name.
 ALIASES = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe_text": "qwen3_5_moe"}
 
@@ -54,7 +58,17 @@ class _Registry(Mapping):
             raise KeyError(model_type)
         name = ALIASES.get(model_type, model_type)
         if name not in self._loaded:
-            module = importlib.import_module(f"{__name__}.{name}")
+            try:
+                module = importlib.import_module(f"{__name__}.{name}")
+            except ImportError as error:
+                if "transformers" not in str(error) and "cannot import name" not in str(error):
+                    raise
+                import transformers
+
+                raise FamilyAbsent(
+                    f"model_type {model_type!r} is not in the installed transformers {transformers.__version__} "
+                    f"({type(error).__name__}: {error}); nnterp serves it with a release that has it"
+                ) from error
             found = [
                 value for value in vars(module).values()
                 if isinstance(value, type) and issubclass(value, Family) and value.__module__ == module.__name__
@@ -101,12 +115,27 @@ def family_for(config_or_model_type: Any) -> type[Family]:
     return REGISTRY[model_type]
 
 
-def families() -> list[type[Family]]:
-    """Every registered family, once, each after the sibling it is written as the difference from (imports them all).
+def absent(model_type: str) -> str | None:
+    """Why the installed transformers cannot serve a registered ``model_type`` (a release without it), or ``None``."""
+    try:
+        REGISTRY[model_type]
+    except FamilyAbsent as error:
+        return str(error)
+    return None
 
-    Depth first from `llama`; among siblings, the one with more descendants first, then by name.
+
+def present() -> tuple[str, ...]:
+    """The registered model types the installed transformers release has (imports their family files)."""
+    return tuple(model_type for model_type in MODEL_TYPES if absent(model_type) is None)
+
+
+def families() -> list[type[Family]]:
+    """Every registered family the installed release has, once, each after the sibling it is written as the difference from.
+
+    Imports them all. Depth first from `llama`; among siblings, the one with
+    more descendants first, then by name.
     """
-    every = {REGISTRY[name] for name in _files()}
+    every = {REGISTRY[name] for name in _files() if absent(name) is None}
 
     def children(parent: type) -> list[type[Family]]:
         return [f for f in every if f.__base__ is parent]

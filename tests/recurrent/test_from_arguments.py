@@ -16,7 +16,7 @@ import nnterp
 import nnterp.standardized
 from nnterp import NnterpError, OrderError, RoutingError, StandardizedTransformer, fast_states
 from nnterp.components.state_space import StateSpace
-from nnterp.families import REGISTRY
+from nnterp.families import REGISTRY, present
 from tests.reference import hf_oracles as hf
 
 PROMPT = "The Eiffel Tower is in the city of"
@@ -24,7 +24,7 @@ OTHER = "My favourite food is pizza with"
 NEW = 4
 
 #: Every registered family whose mixer has a fast path, by its own model_type (not an alias).
-FAST = [t for t in REGISTRY if REGISTRY[t].MODEL_TYPES[0] == t and getattr(REGISTRY[t].MIXER, "FAST", None) is not None]
+FAST = [t for t in present() if REGISTRY[t].MODEL_TYPES[0] == t and getattr(REGISTRY[t].MIXER, "FAST", None) is not None]
 
 
 @pytest.fixture(scope="module")

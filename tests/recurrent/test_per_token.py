@@ -14,28 +14,37 @@ import torch
 
 import nnterp
 from nnterp import NnterpError, Unavailable
+from nnterp.families import REGISTRY, families
 
 PROMPT = "The Eiffel Tower is in the city of"
 OTHER = "My favourite food is pizza with"
 
-#: model_type -> how its prompts reach the state after every token.
-PER_TOKEN = {
-    "qwen3_5_text": lambda m: nnterp.route_kernels(m.family, "torch"),
-    "kimi_linear": lambda m: nnterp.route_kernels(m.family, "torch"),
-    "mamba": lambda m: contextlib.nullcontext(),
-    "mamba2": lambda m: nnterp.chunk_per_token(m),
-}
+RECURRENT = [family for family in families() if family.MIXER is not None]
+#: One family per recurrent component (the first registered), the kinds' representatives.
+KINDS = sorted({family.MIXER: family.NAME for family in reversed(RECURRENT)}.values())
+#: The DeltaNet and Mamba-1 representatives, whose `state` write used to be the raw binding.
+TOKEN_LOOP_KINDS = [t for t in KINDS if not REGISTRY[t].MIXER.CHUNKED_SCAN and REGISTRY[t].MIXER.__name__ != "KimiDeltaAttention"]
+
+
+def per_token(model):
+    """How the model's prompts reach the state after every token, without the fast path."""
+    mixer = model.family.MIXER
+    if mixer.CHUNKED_SCAN:
+        return nnterp.chunk_per_token(model)
+    if mixer.ONE_STEP_DECODE:  # Mamba-1's pure-torch prompt kernel is itself the token loop
+        return contextlib.nullcontext()
+    return nnterp.route_kernels(model.family, "torch")
 
 
 def _mixer(model):
     return next(layer.linear_attn for layer in model.layers if layer.linear_attn is not None)
 
 
-@pytest.mark.parametrize("model_type", sorted(PER_TOKEN))
+@pytest.mark.parametrize("model_type", KINDS)
 def test_assigning_state_under_tracer_iter_is_set_state_after(load, model_type):
     model = load(model_type)
     mix = _mixer(model)
-    with PER_TOKEN[model_type](model):
+    with per_token(model):
         with torch.no_grad(), model.trace(PROMPT):
             donor = (mix.state_after(2) * 3 + 1).save()
         with torch.no_grad(), model.trace(PROMPT):
@@ -52,7 +61,7 @@ def test_assigning_state_under_tracer_iter_is_set_state_after(load, model_type):
     assert not torch.allclose(got[:, 3:], plain[:, 3:]), "the tokens after t continue from the assigned state"
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_5_text", "mamba"])
+@pytest.mark.parametrize("model_type", TOKEN_LOOP_KINDS)
 @pytest.mark.parametrize(
     "bad, message",
     [
@@ -66,7 +75,7 @@ def test_assigning_state_under_tracer_iter_is_set_state_after(load, model_type):
 def test_assigning_state_under_tracer_iter_is_validated(load, model_type, bad, message):
     model = load(model_type)
     mix = _mixer(model)
-    with PER_TOKEN[model_type](model):
+    with per_token(model):
         with torch.no_grad(), model.trace(PROMPT):
             state = mix.state_after(1).save()
         with pytest.raises(NnterpError, match=message), torch.no_grad(), model.trace(PROMPT) as tracer:
@@ -74,7 +83,7 @@ def test_assigning_state_under_tracer_iter_is_validated(load, model_type, bad, m
                 mix.state = bad(state)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_5_text", "qwen3_next", "olmo_hybrid", "kimi_linear", "mamba", "mamba2"])
+@pytest.mark.parametrize("model_type", [family.NAME for family in RECURRENT])
 def test_without_a_cache_state_output_is_unavailable_naming_use_cache(load, model_type):
     model = load(model_type)
     mix = _mixer(model)
@@ -86,7 +95,7 @@ def test_without_a_cache_state_output_is_unavailable_naming_use_cache(load, mode
         mix.state_output = state
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_5_text", "mamba2"])
+@pytest.mark.parametrize("model_type", [t for t in KINDS if REGISTRY[t].MIXER.FAST is not None])
 def test_fast_path_writes_in_one_invoke_of_two(load, model_type):
     model = load(model_type)
     mix = _mixer(model)

@@ -13,6 +13,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 import nnterp
+from nnterp.families import absent
 
 PROMPT = "The Eiffel Tower is in the city of"
 OTHER = "My favourite food is pizza with"
@@ -22,6 +23,14 @@ class CheckpointFixtures:
     """Set ``MODEL_TYPE`` (a key of `nnterp.families.REGISTRY`)."""
 
     MODEL_TYPE = ""
+
+    @pytest.fixture(scope="class", autouse=True)
+    @classmethod
+    def _present(cls):
+        # A family added in a later transformers release is absent from an older one: reported, not failed.
+        reason = absent(cls.MODEL_TYPE)
+        if reason is not None:
+            pytest.skip(reason)
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -42,3 +51,8 @@ class CheckpointFixtures:
     def routed(self, model):
         with nnterp.route_kernels(model.family, "torch"):
             yield model
+
+
+def model_type_params(model_types) -> list:
+    """``pytest.param`` per model type, skipped with the reason where the installed transformers lacks it."""
+    return [pytest.param(t, id=t, marks=pytest.mark.skipif(absent(t) is not None, reason=str(absent(t)))) for t in model_types]
