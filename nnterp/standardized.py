@@ -28,7 +28,7 @@ from nnsight import TransformersModel
 from torch._guards import detect_fake_mode
 
 from .core.dims import Logits, Probs
-from .core.errors import NnterpError, RoutingError
+from .core.errors import NnterpError, RoutingError, WrongType
 from .core.values import DerivedEProperty, EProperty
 from .families import family_for
 from .recurrent.routing import refused_device
@@ -41,7 +41,7 @@ def _config(model: Any) -> Any:
     if isinstance(model, PreTrainedModel):
         return model.config
     if not isinstance(model, (str, os.PathLike)):
-        raise NnterpError(
+        raise WrongType(
             f"StandardizedTransformer takes a hub id, a folder saved with save_pretrained, or a loaded "
             f"PreTrainedModel; got {type(model).__name__}"
         )

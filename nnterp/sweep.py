@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from .core.errors import NnterpError
+from .core.errors import NnterpError, PositionError, WrongType
 from .recurrent.routing import route_kernels
 
 __all__ = ["SweepResult", "patch_sweep", "per_token_states"]
@@ -105,7 +105,7 @@ def _target_id(model: Any, target: int | str) -> int:
         if len(ids) != 1:
             raise NnterpError(f"target_token {target!r} is {len(ids)} tokens here ({ids}); pass one token or its id")
         return ids[0]
-    raise NnterpError(f"target_token takes a token id or a one-token string, got {type(target).__name__}")
+    raise WrongType(f"target_token takes a token id (an int) or a one-token string, got {type(target).__name__}")
 
 
 def _recurrent_layers(model: Any, layers: Sequence[int] | None) -> list:
@@ -128,7 +128,7 @@ def _positions(positions: Sequence[int] | None, n_clean: int, n_donor: int) -> l
     out = [p + n_clean if p < 0 else p for p in positions]
     bad = [p for p in out if not 0 <= p < limit]
     if bad:
-        raise NnterpError(
+        raise PositionError(
             f"positions {bad} are outside the tokens both prompts have (clean {n_clean}, donor {n_donor}): "
             f"the donor state of position t is the donor's state after its token t"
         )

@@ -89,7 +89,7 @@ def test_a_string_target_and_bad_arguments(model, target):
         patch_sweep(model, PROMPT, DONOR, "Eiffel Tower city", progress=False)
     with pytest.raises(NnterpError, match="no recurrent mixer"):
         patch_sweep(model, PROMPT, DONOR, target, layers=[3], progress=False)
-    with pytest.raises(NnterpError, match="outside the tokens both prompts have"):
+    with pytest.raises(IndexError, match="outside the tokens both prompts have"):
         patch_sweep(model, PROMPT, DONOR, target, positions=[len(model.tokenizer(PROMPT).input_ids) - 1], progress=False)
 
 
