@@ -103,3 +103,29 @@ def test_a_setting_or_a_constructor_given_the_wrong_kind_of_object(qwen):
     with pytest.raises(TypeError, match="got int") as caught:
         nnterp.StandardizedTransformer(3)
     assert isinstance(caught.value, NnterpError)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mamba2"])
+def test_an_empty_prompt_says_so_in_trace_and_generate(load, model_type):
+    model = load(model_type)
+    assert model.tokenizer("").input_ids == []  # the tiny tokenizers add no BOS: "" is no token at all
+    for prompt in ("", [""], [[]], torch.zeros(1, 0, dtype=torch.long)):
+        for run, kwargs in (("trace", {}), ("generate", {"max_new_tokens": 2})):
+            with pytest.raises(ValueError, match="the prompt is empty") as caught:
+                with torch.no_grad(), getattr(model, run)(prompt, **kwargs):
+                    model.logits.save()
+            assert isinstance(caught.value, EmptyPrompt), (prompt, run, caught.value)
+    # one empty row of a batch would run on padding alone: refused too, naming the row
+    for prompt in (["Paris is", ""], [[5, 6], []]):
+        with pytest.raises(EmptyPrompt, match=r"batch row \[1\] is empty"):
+            with torch.no_grad(), model.trace(prompt):
+                model.logits.save()
+    with pytest.raises(EmptyPrompt, match=r"batch row \[1\] is empty"):
+        with torch.no_grad(), model.trace() as tracer:
+            with tracer.invoke("Paris is"):
+                pass
+            with tracer.invoke(""):
+                model.logits.save()
+    with torch.no_grad(), model.trace("Paris is"):  # and the model runs on afterwards
+        logits = model.logits.save()
+    assert logits.shape[:2] == (1, len(model.tokenizer("Paris is").input_ids))
