@@ -171,6 +171,57 @@ def test_a_freed_buffer_is_reused_and_one_in_use_never_is():
     assert buffers.cached_bytes() == (0, 0)
 
 
+MIB = 2**20
+
+
+def _read(*mib: int) -> list:
+    """One read: a buffer of each size (MiB), written (as a read writes every element)."""
+    return [buffers.empty_states((m, 1024, 256)).fill_(1.0) for m in mib]
+
+
+@pytest.mark.skipif(not buffers.HUGE_PAGES, reason="no transparent huge pages here")
+def test_idle_mappings_are_bounded_by_the_last_reads_need(monkeypatch):
+    monkeypatch.setattr(buffers, "CACHE_BYTES", None)  # the default, whatever the environment says
+    buffers.empty_cache()
+    assert buffers.cached_bytes()[0] == 0, "another test holds a state buffer"
+    for sizes in [(40,), (100,), (40, 40, 40), (250,), (40,), (40,)]:
+        states = _read(*sizes)
+        assert buffers.cached_bytes() == (sum(sizes) * MIB, 0)
+        del states
+        # every result deleted: what stays mapped is this read's need, not every size seen so far
+        assert buffers.cached_bytes() == (0, sum(sizes) * MIB), sizes
+
+
+@pytest.mark.skipif(not buffers.HUGE_PAGES, reason="no transparent huge pages here")
+def test_a_sweep_of_the_same_shapes_reuses_every_mapping(monkeypatch):
+    monkeypatch.setattr(buffers, "CACHE_BYTES", None)
+    buffers.empty_cache()
+    first = _read(40, 40, 60)
+    addresses = {t.data_ptr() for t in first}
+    del first
+    for _ in range(3):
+        again = _read(40, 40, 60)
+        assert {t.data_ptr() for t in again} == addresses, "a read of the same shapes maps nothing new"
+        del again
+    assert buffers.cached_bytes() == (0, 140 * MIB)
+    assert buffers.empty_cache() == 140 * MIB and buffers.cached_bytes() == (0, 0)
+
+
+@pytest.mark.skipif(not buffers.HUGE_PAGES, reason="no transparent huge pages here")
+def test_an_explicit_bound_keeps_what_it_says(monkeypatch):
+    monkeypatch.setattr(buffers, "CACHE_BYTES", 0)  # NNTERP_STATES_CACHE_MB=0: nothing idle past a request
+    buffers.empty_cache()
+    _read(40)
+    assert buffers.cached_bytes() == (0, 40 * MIB)  # idle until the next request
+    _read(100)
+    assert buffers.cached_bytes() == (0, 100 * MIB)
+    monkeypatch.setattr(buffers, "CACHE_BYTES", 1000 * MIB)  # a larger bound keeps every size seen
+    for m in (40, 250):
+        _read(m)
+    assert buffers.cached_bytes() == (0, 390 * MIB)
+    buffers.empty_cache()
+
+
 def test_small_buffers_are_plain_tensors_outside_the_cache():
     before = buffers.cached_bytes()
     small = buffers.empty_states((2, 3))
