@@ -134,6 +134,28 @@ def test_ssd_final_state_equals_transformers_chunk_scan():
     close(ssd_states(x, dt, A, B, dt_bias=dt_bias)[:, -1], final, "final state")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_ssd_states_in_a_half_precision_model_equal_transformers_chunk_scan(dtype):
+    # A half-precision model hands the scan half-precision x, dt, B, dt_bias (A is float32: -exp(A_log.float())).
+    gen = torch.Generator().manual_seed(1)
+    x, dt = torch.randn(1, 45, 4, 8, generator=gen).to(dtype), torch.randn(1, 45, 4, generator=gen).to(dtype)
+    A, B = -torch.rand(4, generator=gen), torch.randn(1, 45, 2, 5, generator=gen).to(dtype)
+    dt_bias = torch.randn(4, generator=gen).to(dtype)
+    scan = torch_function(mamba2_modeling.mamba2_chunk_scan)
+    finals = []
+    for t in (10, 29, 44):  # the scan's final state after token t
+        _, final = scan(x[:, : t + 1], dt[:, : t + 1], A, B[:, : t + 1], B[:, : t + 1], chunk_size=16, dt_bias=dt_bias,
+                        dt_softplus=True, return_final_states=True)
+        finals.append(final)
+    states = ssd_states(x, dt, A, B, dt_bias=dt_bias)
+    assert states.dtype == torch.float32
+    for t, final in zip((10, 29, 44), finals):
+        close(states[:, t], final, f"state after token {t}")  # float32 rounding, in every dtype
+    if dtype != torch.float32:  # Δ in float32 (mamba_ssm's choice) is another computation, further off than rounding
+        other = ssd_states(x, dt, A, B, dt_bias=dt_bias, dt_dtype=torch.float32)
+        assert (other[:, 44] - finals[-1]).abs().max() > 1e-4 * finals[-1].abs().max()
+
+
 def test_out_buffer_is_written_in_place_and_checked():
     q, k, v, g, beta, initial = delta_inputs(20)
     buffer = torch.full((2, 20, 4, 8, 6), float("nan"))
