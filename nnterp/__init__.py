@@ -9,7 +9,22 @@ writable mid-prompt and on every step of ``generate``.
 
 from . import families
 from .components.recurrent import RecurrentMixer
-from .core.errors import NnterpError, NotInTrace, OrderError, ReadOnlyValue, RoutingError, Unavailable, UnsupportedModel
+from .core.errors import (
+    DeviceError,
+    DtypeError,
+    EmptyPrompt,
+    NnterpError,
+    NotInTrace,
+    OrderError,
+    OutOfVocabulary,
+    PositionError,
+    ReadOnlyValue,
+    RoutingError,
+    ShapeError,
+    Unavailable,
+    UnsupportedModel,
+    WrongType,
+)
 from .recurrent.routing import route_delta_rule, route_kernels
 from .recurrent.settings import chunk_per_token, fast_states
 from .standardized import StandardizedTransformer
@@ -29,6 +44,13 @@ __all__ = [
     "RoutingError",
     "Unavailable",
     "UnsupportedModel",
+    "WrongType",
+    "ShapeError",
+    "DtypeError",
+    "DeviceError",
+    "PositionError",
+    "EmptyPrompt",
+    "OutOfVocabulary",
 ]
 
 __version__ = "0.1.0"

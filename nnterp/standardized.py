@@ -28,7 +28,7 @@ from nnsight import TransformersModel
 from torch._guards import detect_fake_mode
 
 from .core.dims import Logits, Probs
-from .core.errors import NnterpError, RoutingError
+from .core.errors import EmptyPrompt, NnterpError, RoutingError, WrongType
 from .core.values import DerivedEProperty, EProperty
 from .families import family_for
 from .recurrent.routing import refused_device
@@ -41,7 +41,7 @@ def _config(model: Any) -> Any:
     if isinstance(model, PreTrainedModel):
         return model.config
     if not isinstance(model, (str, os.PathLike)):
-        raise NnterpError(
+        raise WrongType(
             f"StandardizedTransformer takes a hub id, a folder saved with save_pretrained, or a loaded "
             f"PreTrainedModel; got {type(model).__name__}"
         )
@@ -57,6 +57,15 @@ def _config(model: Any) -> Any:
             f"could not load {path!r}: {where} ({type(error).__name__}: {error}). Pass a folder saved with "
             "save_pretrained, a hub id this machine can reach, or a loaded model with tokenizer="
         ) from error
+
+
+def _no_tokens(data: Any) -> bool:
+    """Token ids with nothing in them: ``[]``, ``[[]]``, a tensor of no elements (a string is judged once tokenized)."""
+    if isinstance(data, torch.Tensor):
+        return data.numel() == 0
+    if isinstance(data, (list, tuple)):
+        return all(isinstance(row, (list, tuple)) and len(row) == 0 for row in data)
+    return False
 
 
 class _Part:
@@ -162,6 +171,37 @@ class StandardizedTransformer(TransformersModel):
         if reason is not None:
             raise RoutingError(reason)
         return super().interleave(fn, *args, **kwargs)
+
+    def _batch_size(self, *inputs: Any, **kwargs: Any) -> int:
+        """nnsight's rows of one invoke, refusing first an input that holds no token at all."""
+        if inputs and _no_tokens(inputs[0]):
+            raise EmptyPrompt(f"the prompt is empty ({inputs[0]!r}): a language model needs at least one token to run on")
+        return super()._batch_size(*inputs, **kwargs)
+
+    def _batch(self, invokes: list, fn: Any) -> tuple:
+        """nnsight's one model input from every invoke, refusing a prompt, or a row, the tokenizer left without tokens.
+
+        transformers would fail deep inside the first layer with a reshape
+        error; an empty row of a padded batch would run on padding alone and
+        give logits that mean nothing.
+        """
+        args, kwargs = super()._batch(invokes, fn)
+        key = next((key for key in ("input_ids", "inputs_embeds") if kwargs.get(key) is not None), None)
+        ids = kwargs[key] if key is not None else args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if isinstance(ids, torch.Tensor) and (ids.dim() < 2 or ids.shape[1] == 0):
+            raise EmptyPrompt(
+                f"the prompt is empty: it tokenized to no tokens ({key or 'input'} of shape {tuple(ids.shape)}), and a language "
+                "model needs at least one token to run on; pass a non-empty prompt"
+            )
+        mask = kwargs.get("attention_mask")
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and kwargs.get("past_key_values") is None:
+            empty = (mask.sum(-1) == 0).nonzero().flatten().tolist()
+            if empty:
+                raise EmptyPrompt(
+                    f"the prompt of batch row{'s' if len(empty) > 1 else ''} {empty} is empty: it tokenized to no "
+                    "tokens, and the row would run on padding alone; pass a non-empty prompt"
+                )
+        return args, kwargs
 
     def support(self) -> dict:
         """Every declared value, per layer: ``None`` where every layer serves it, else the reason per layer.

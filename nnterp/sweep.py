@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from .core.errors import NnterpError
+from .core.errors import NnterpError, OutOfVocabulary, PositionError, WrongType
 from .recurrent.routing import route_kernels
 
 __all__ = ["SweepResult", "patch_sweep", "per_token_states"]
@@ -97,15 +97,28 @@ def per_token_states(model: Any) -> Iterator[None]:
         yield
 
 
+def _vocabulary_size(model: Any) -> int:
+    """How many entries ``next_token_probs`` has: the unembedding's outputs (the logits' last dimension)."""
+    return int(model.lm_head._module.weight.shape[0])
+
+
 def _target_id(model: Any, target: int | str) -> int:
+    if isinstance(target, torch.Tensor) and target.numel() == 1 and not target.is_floating_point():
+        target = int(target)  # `probs.argmax()`
     if isinstance(target, int) and not isinstance(target, bool):
+        size = _vocabulary_size(model)
+        if not 0 <= target < size:
+            raise OutOfVocabulary(
+                f"target_token {target} is not a token id of this model: ids run 0..{size - 1} (a vocabulary of "
+                f"{size}); a negative id is not counted from the end. Pass the id, or the token as a string"
+            )
         return target
     if isinstance(target, str):
         ids = model.tokenizer(target, add_special_tokens=False).input_ids
         if len(ids) != 1:
             raise NnterpError(f"target_token {target!r} is {len(ids)} tokens here ({ids}); pass one token or its id")
         return ids[0]
-    raise NnterpError(f"target_token takes a token id or a one-token string, got {type(target).__name__}")
+    raise WrongType(f"target_token takes a token id (an int) or a one-token string, got {type(target).__name__}")
 
 
 def _recurrent_layers(model: Any, layers: Sequence[int] | None) -> list:
@@ -128,7 +141,7 @@ def _positions(positions: Sequence[int] | None, n_clean: int, n_donor: int) -> l
     out = [p + n_clean if p < 0 else p for p in positions]
     bad = [p for p in out if not 0 <= p < limit]
     if bad:
-        raise NnterpError(
+        raise PositionError(
             f"positions {bad} are outside the tokens both prompts have (clean {n_clean}, donor {n_donor}): "
             f"the donor state of position t is the donor's state after its token t"
         )
@@ -170,8 +183,10 @@ def patch_sweep(
         clean_prompt: the prompt that is run, patched one cell at a time.
         donor_prompt: the prompt whose state after token ``t`` is written
             after the clean prompt's token ``t``.
-        target_token: the next token whose probability is collected: an id,
-            or a string that is one token.
+        target_token: the next token whose probability is collected: an id
+            (``0 .. vocabulary size - 1``; a negative or larger id raises
+            `OutOfVocabulary`, it does not count from the end), or a string
+            that is one token.
         layers: layer indices to patch (default: every layer with a
             ``linear_attn``).
         positions: token positions to patch (default: every position both

@@ -89,8 +89,23 @@ def test_a_string_target_and_bad_arguments(model, target):
         patch_sweep(model, PROMPT, DONOR, "Eiffel Tower city", progress=False)
     with pytest.raises(NnterpError, match="no recurrent mixer"):
         patch_sweep(model, PROMPT, DONOR, target, layers=[3], progress=False)
-    with pytest.raises(NnterpError, match="outside the tokens both prompts have"):
+    with pytest.raises(IndexError, match="outside the tokens both prompts have"):
         patch_sweep(model, PROMPT, DONOR, target, positions=[len(model.tokenizer(PROMPT).input_ids) - 1], progress=False)
+
+
+def test_a_target_id_outside_the_vocabulary_is_refused(model, target):
+    size = model.lm_head._module.weight.shape[0]
+    for bad in (-1, -size, size, size + 10):
+        with pytest.raises(ValueError, match=rf"ids run 0\.\.{size - 1} \(a vocabulary of {size}\)") as caught:
+            patch_sweep(model, PROMPT, DONOR, bad, layers=[0], positions=[0], progress=False)
+        assert isinstance(caught.value, NnterpError)
+    for bad in (True, 3.0, None):
+        with pytest.raises(TypeError, match="token id"):
+            patch_sweep(model, PROMPT, DONOR, bad, layers=[0], positions=[0], progress=False)
+    # the last id is a token; a one-element integer tensor (`probs.argmax()`) is its id
+    last = patch_sweep(model, PROMPT, DONOR, size - 1, layers=[0], positions=[0], progress=False)
+    assert last.target == size - 1
+    assert patch_sweep(model, PROMPT, DONOR, torch.tensor(target), layers=[0], positions=[0], progress=False).target == target
 
 
 def test_on_mamba2_every_token_is_a_boundary_for_the_sweep_only(load):

@@ -4,6 +4,18 @@ None of them derives from `AttributeError`: a value is a property on an envoy,
 and a property getter that raises `AttributeError` falls through to
 ``__getattr__``, which reports the attribute as missing and hides the reason
 (the failure mode nnsight's `eproperty` docstring warns about).
+
+A value of the wrong kind raises an error that is also the builtin Python code
+expects, so ``except ValueError`` / ``except TypeError`` catch it as they catch
+torch's and numpy's own; each names what was expected and what came:
+
+    WrongType      (NnterpError, TypeError)   not a tensor where one is written, a float for a position
+    ShapeError     (NnterpError, ValueError)  a tensor of the wrong shape
+    DtypeError     (NnterpError, TypeError)   a tensor of the wrong dtype (cast it with ``.to(dtype)``)
+    DeviceError    (NnterpError, ValueError)  a tensor on the wrong device (move it with ``.to(device)``)
+    PositionError  (NnterpError, IndexError)  a token position outside the call (or the prompts)
+    EmptyPrompt    (NnterpError, ValueError)  a prompt, or a batch row, with no tokens
+    OutOfVocabulary(NnterpError, ValueError)  a token id outside the model's vocabulary
 """
 
 from __future__ import annotations
@@ -49,3 +61,31 @@ class UnsupportedModel(NnterpError):
 
 class RoutingError(NnterpError):
     """Kernel routing asked for at a moment it cannot take effect (inside a trace)."""
+
+
+class WrongType(NnterpError, TypeError):
+    """A value of the wrong Python type: not a tensor where a tensor is written, a float for a position."""
+
+
+class ShapeError(NnterpError, ValueError):
+    """A tensor written with a shape other than the one the value has."""
+
+
+class DtypeError(NnterpError, TypeError):
+    """A tensor written with a dtype other than the one the value has (cast it, nnterp does not)."""
+
+
+class DeviceError(NnterpError, ValueError):
+    """A tensor written on a device other than the one the value lives on (move it, nnterp does not)."""
+
+
+class PositionError(NnterpError, IndexError):
+    """A token position outside the tokens of the call (or of the prompts) it indexes."""
+
+
+class EmptyPrompt(NnterpError, ValueError):
+    """A prompt, or one row of a batch, with no tokens: a causal model has nothing to predict from."""
+
+
+class OutOfVocabulary(NnterpError, ValueError):
+    """A token id outside ``0 .. vocabulary size - 1``."""

@@ -31,7 +31,7 @@ from nnsight.intervention.interleaver import Mediator
 from nnsight.intervention.util import first_input, replace_first_input
 
 from .calls import mediator
-from .errors import NnterpError, ReadOnlyValue, Unavailable
+from .errors import DeviceError, DtypeError, ReadOnlyValue, ShapeError, Unavailable, WrongType
 
 
 class Unwrap:
@@ -274,7 +274,7 @@ def check_tensor(what: str, new: Any, current: Any) -> None:
     if isinstance(current, torch.Tensor):
         check_expected(what, new, tuple(current.shape), current.dtype, current.device)
     elif not isinstance(new, torch.Tensor):
-        raise NnterpError(f"{what} takes a tensor, got {type(new).__name__}")
+        raise WrongType(f"{what} takes a tensor, got {type(new).__name__}")
 
 
 def check_expected(what: str, new: Any, shape: tuple, dtype: Any, device: Any) -> None:
@@ -282,13 +282,13 @@ def check_expected(what: str, new: Any, shape: tuple, dtype: Any, device: Any) -
     import torch
 
     if not isinstance(new, torch.Tensor):
-        raise NnterpError(f"{what} takes a tensor of shape {tuple(shape)} ({dtype}), got {type(new).__name__}")
+        raise WrongType(f"{what} takes a tensor of shape {tuple(shape)} ({dtype}), got {type(new).__name__}")
     if tuple(new.shape) != tuple(shape):
-        raise NnterpError(f"{what} expects shape {tuple(shape)}, got {tuple(new.shape)}")
+        raise ShapeError(f"{what} expects shape {tuple(shape)}, got {tuple(new.shape)}")
     if new.dtype != dtype:
-        raise NnterpError(f"{what} expects dtype {dtype}, got {new.dtype}: cast it with `.to({dtype})`")
+        raise DtypeError(f"{what} expects dtype {dtype}, got {new.dtype}: cast it with `.to({dtype})`")
     if new.device != device:
-        raise NnterpError(f"{what} expects a tensor on {device}, got one on {new.device}: move it with `.to('{device}')`")
+        raise DeviceError(f"{what} expects a tensor on {device}, got one on {new.device}: move it with `.to('{device}')`")
 
 
 def module_output(description: str, annotation: Any = None) -> EProperty:

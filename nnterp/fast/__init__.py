@@ -12,7 +12,8 @@ about the cost of that call plus writing the states once:
 * `ssd_states`: Mamba-2's state space duality, linear in length;
 * `FastSpec` (``GATED_DELTA``, ``KIMI_DELTA``, ``SSD``): what a component's
   fast path computes from its kernel call, by its signature table's names;
-* `empty_cache`: release the state buffers kept for reuse (`buffers`).
+* `empty_cache` / `cached_bytes`: release / count the state buffers kept for reuse
+  (`buffers`: by default at most what the last read needed).
 
 ``nnterp.fast_states(model)`` opts a model's mixers in (the strategy is
 `nnterp.recurrent.per_token.from_arguments`). All states are float32,

@@ -10,13 +10,23 @@ arithmetic (``docs/performance.md``). So:
   built from pieces and concatenated;
 * on Linux a large CPU buffer is an anonymous mapping advised
   ``MADV_HUGEPAGE`` (one fault per 2 MiB instead of per 4 KiB);
-* a mapping whose tensors have all been freed is kept, up to
-  ``NNTERP_STATES_CACHE_MB`` (a third of the machine's memory by default),
-  and handed to the next call that needs as much: a sweep over prompts
-  writes its states into memory that is already mapped, as PyTorch's CUDA
-  caching allocator does for device memory. `empty_cache` drops what is
-  idle. A mapping in use is never handed out: the tensor's storage holds a
-  reference to it, which is how idleness is told.
+* a mapping whose tensors have all been freed is kept idle and handed to the
+  next call that needs as much: a sweep over prompts writes its states into
+  memory that is already mapped, as PyTorch's CUDA caching allocator does for
+  device memory. A mapping in use is never handed out: the tensor's storage
+  holds a reference to it, which is how idleness is told.
+* By default the pool is bounded by what the last read needed: a *read* runs
+  from a request made while no mapping is in use until the next such
+  request, and its need is the most bytes it held in use at once. Each
+  request unmaps idle mappings (least recently used first) until the pool,
+  in use and idle, holds at most the larger of this read's and the previous
+  read's need. So after a read whose results are all deleted, the idle
+  mappings are at most that read's need (or the previous one's, if it was
+  larger, until the next read), and a sweep reading the same shapes reuses
+  every mapping. ``NNTERP_STATES_CACHE_MB`` sets an explicit bound on the
+  idle bytes instead (``0``: keep nothing idle), read at import;
+  `empty_cache` drops every idle mapping now, `cached_bytes` says what is
+  kept.
 
 ``empty_states(shape, device)`` returns an uninitialized float32 tensor;
 every element is written by the caller. ``NNTERP_HUGE_PAGES=0`` turns both
@@ -51,18 +61,16 @@ def _huge_pages_available() -> bool:
         return False
 
 
-def _default_cache_bytes() -> int:
+def _configured_cache_bytes() -> int | None:
     configured = os.environ.get("NNTERP_STATES_CACHE_MB")
-    if configured is not None:
-        return int(float(configured) * 2**20)
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 3
-    except (ValueError, OSError, AttributeError):
-        return 4 * 2**30
+    return None if configured is None else int(float(configured) * 2**20)
 
 
 HUGE_PAGES = _huge_pages_available()
-CACHE_BYTES = _default_cache_bytes()
+#: The explicit bound on idle bytes (``NNTERP_STATES_CACHE_MB``), or ``None``: the last read's need.
+CACHE_BYTES = _configured_cache_bytes()
+#: The most bytes in use at once during the current read, and during the previous one.
+_NEED = {"current": 0, "previous": 0}
 
 
 def empty_states(shape: Sequence[int], device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -88,6 +96,9 @@ def _take(nbytes: int):
         size = len(_POOL[index])
         if nbytes <= size <= 2 * nbytes and _idle(index) and (best is None or size < len(_POOL[best])):
             best = index
+    in_use, _ = cached_bytes()
+    if in_use == 0:  # a new read begins
+        _NEED["previous"], _NEED["current"] = _NEED["current"], 0
     if best is not None:
         mapping = _POOL.pop(best)
     else:
@@ -95,13 +106,19 @@ def _take(nbytes: int):
         mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         mapping.madvise(mmap.MADV_HUGEPAGE)
     _POOL.append(mapping)  # most recently used last
-    _trim(CACHE_BYTES)
+    # The caller's storage does not refer to the mapping yet: count it in use by hand.
+    in_use += len(mapping)
+    _NEED["current"] = max(_NEED["current"], in_use)
+    if CACHE_BYTES is not None:
+        _trim(CACHE_BYTES, keep=mapping)
+    else:
+        _trim(max(0, max(_NEED["current"], _NEED["previous"]) - in_use), keep=mapping)
     return mapping
 
 
-def _trim(limit: int) -> None:
-    """Unmap the least recently used idle mappings until the idle ones hold at most ``limit`` bytes."""
-    idle = [index for index in range(len(_POOL)) if _idle(index)]
+def _trim(limit: int, keep: object = None) -> None:
+    """Unmap the least recently used idle mappings (never ``keep``) until the idle ones hold at most ``limit`` bytes."""
+    idle = [index for index in range(len(_POOL)) if _POOL[index] is not keep and _idle(index)]
     total = sum(len(_POOL[index]) for index in idle)
     dropped = set()
     for index in idle:

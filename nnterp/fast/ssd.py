@@ -13,6 +13,16 @@ quadratic in length. Here the writes do not depend on the state, so every
 state is ``exp(c_i) h_start + Σ_j exp(c_i − c_j) (Δ_j x_j) ⊗ B_j`` over a
 run of tokens (`nnterp.fast.scan.fill_states`): a few multiply-adds per
 state element, written once into the output, linear in length.
+
+Precision. Everything is computed in float32, except the time step
+``Δ = clamp(softplus(dt + dt_bias))``, which is computed in ``dt``'s own dtype
+and then cast, as transformers' ``mamba2_chunk_scan`` does: in a bfloat16
+model Δ is rounded to bfloat16 there, and computing it in float32 here would
+move the states by about 3e-3 of their largest entry (6e-4 on the tiny
+checkpoint). So in every dtype the states equal the torch chunk scan's
+(``chunk_per_token``, and the ``state_output`` it caches) within float32
+rounding. ``dt_dtype=torch.float32`` computes Δ in float32 instead, as
+mamba_ssm's Triton kernel does.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ def ssd_states(
     D: torch.Tensor | None = None,
     output: bool = False,
     out: torch.Tensor | None = None,
+    dt_dtype: torch.dtype | None = None,
 ):
     """The state after every token of a Mamba-2 mixer, from its chunk scan's arguments.
 
@@ -58,6 +69,9 @@ def ssd_states(
         output: also return the scan's output ``y_t = C_t·h_t + D x_t``
             (computed from the states: one more pass over them).
         out: a float32 ``[batch, seq, heads, head_dim, state_size]`` buffer to write into.
+        dt_dtype: the dtype ``Δ`` is computed in before it is cast to float32:
+            ``None`` is ``dt``'s own, as transformers' chunk scan computes it
+            (see Precision in the module docstring).
 
     Returns:
         ``states [batch, seq, heads, head_dim, state_size]`` (float32; ``[:, -1]``
@@ -72,12 +86,12 @@ def ssd_states(
         out = empty_states(shape, x.device)
     elif tuple(out.shape) != shape or out.dtype != torch.float32:
         raise ValueError(f"out must be float32 {shape}, got {out.dtype} {tuple(out.shape)}")
-    step = dt.float()
+    step = dt.to(dt_dtype or dt.dtype)
     if dt_bias is not None:
-        step = step + dt_bias.float()
+        step = step + dt_bias.to(step.dtype)
     if dt_softplus:
         step = F.softplus(step)
-    step = step.clamp(min=dt_limit[0], max=dt_limit[1])  # Δ, [b, seq, h]
+    step = step.clamp(min=dt_limit[0], max=dt_limit[1]).float()  # Δ, [b, seq, h]
     log_decay = (step * A.float()).transpose(1, 2)[..., None]  # [b, h, seq, 1], ≤ 0
     writes = (x.float() * step[..., None]).transpose(1, 2)  # Δx, [b, h, seq, p]
     keys = _per_head(B.float(), heads).transpose(1, 2)  # [b, h, seq, n]

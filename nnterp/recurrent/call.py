@@ -116,11 +116,11 @@ class Call:
 
     def position(self, t: Any, what: str) -> int:
         """``t`` as a position of this call (negative counts from the end), or an error naming the range."""
-        from ..core.errors import NnterpError
+        from ..core.errors import PositionError, WrongType
 
         if not isinstance(t, int) or isinstance(t, bool):
-            raise NnterpError(f"{what} takes a token position (an int), got {type(t).__name__}")
+            raise WrongType(f"{what} takes a token position (an int), got {type(t).__name__}")
         position = t + self.seq if t < 0 else t
         if not 0 <= position < self.seq:
-            raise NnterpError(f"{what}: position {t} is outside this call's {self.seq} tokens (0..{self.seq - 1})")
+            raise PositionError(f"{what}: position {t} is outside this call's {self.seq} tokens (0..{self.seq - 1})")
         return position

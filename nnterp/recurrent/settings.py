@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.calls import in_trace
-from ..core.errors import NnterpError, RoutingError
+from ..core.errors import NnterpError, RoutingError, WrongType
 
 #: Attribute of a mixer envoy holding its per-token setting: ``None``, ``"fast"`` or ``"chunks"``.
 PER_TOKEN = "_nnterp_per_token"
@@ -63,7 +63,7 @@ def _mixers(model: Any, what: str) -> list:
         )
     layers = getattr(model, "layers", None)
     if layers is None:
-        raise NnterpError(f"{what} takes a StandardizedTransformer, got {type(model).__name__}")
+        raise WrongType(f"{what} takes a StandardizedTransformer, got {type(model).__name__}")
     return [layer.linear_attn for layer in layers if getattr(layer, "linear_attn", None) is not None]
 
 

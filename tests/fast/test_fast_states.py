@@ -134,6 +134,28 @@ def test_ssd_final_state_equals_transformers_chunk_scan():
     close(ssd_states(x, dt, A, B, dt_bias=dt_bias)[:, -1], final, "final state")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_ssd_states_in_a_half_precision_model_equal_transformers_chunk_scan(dtype):
+    # A half-precision model hands the scan half-precision x, dt, B, dt_bias (A is float32: -exp(A_log.float())).
+    gen = torch.Generator().manual_seed(1)
+    x, dt = torch.randn(1, 45, 4, 8, generator=gen).to(dtype), torch.randn(1, 45, 4, generator=gen).to(dtype)
+    A, B = -torch.rand(4, generator=gen), torch.randn(1, 45, 2, 5, generator=gen).to(dtype)
+    dt_bias = torch.randn(4, generator=gen).to(dtype)
+    scan = torch_function(mamba2_modeling.mamba2_chunk_scan)
+    finals = []
+    for t in (10, 29, 44):  # the scan's final state after token t
+        _, final = scan(x[:, : t + 1], dt[:, : t + 1], A, B[:, : t + 1], B[:, : t + 1], chunk_size=16, dt_bias=dt_bias,
+                        dt_softplus=True, return_final_states=True)
+        finals.append(final)
+    states = ssd_states(x, dt, A, B, dt_bias=dt_bias)
+    assert states.dtype == torch.float32
+    for t, final in zip((10, 29, 44), finals):
+        close(states[:, t], final, f"state after token {t}")  # float32 rounding, in every dtype
+    if dtype != torch.float32:  # Δ in float32 (mamba_ssm's choice) is another computation, further off than rounding
+        other = ssd_states(x, dt, A, B, dt_bias=dt_bias, dt_dtype=torch.float32)
+        assert (other[:, 44] - finals[-1]).abs().max() > 1e-4 * finals[-1].abs().max()
+
+
 def test_out_buffer_is_written_in_place_and_checked():
     q, k, v, g, beta, initial = delta_inputs(20)
     buffer = torch.full((2, 20, 4, 8, 6), float("nan"))
@@ -169,6 +191,57 @@ def test_a_freed_buffer_is_reused_and_one_in_use_never_is():
     del second, third
     assert buffers.empty_cache() >= 2 * 160 * 2**20
     assert buffers.cached_bytes() == (0, 0)
+
+
+MIB = 2**20
+
+
+def _read(*mib: int) -> list:
+    """One read: a buffer of each size (MiB), written (as a read writes every element)."""
+    return [buffers.empty_states((m, 1024, 256)).fill_(1.0) for m in mib]
+
+
+@pytest.mark.skipif(not buffers.HUGE_PAGES, reason="no transparent huge pages here")
+def test_idle_mappings_are_bounded_by_the_last_reads_need(monkeypatch):
+    monkeypatch.setattr(buffers, "CACHE_BYTES", None)  # the default, whatever the environment says
+    buffers.empty_cache()
+    assert buffers.cached_bytes()[0] == 0, "another test holds a state buffer"
+    for sizes in [(40,), (100,), (40, 40, 40), (250,), (40,), (40,)]:
+        states = _read(*sizes)
+        assert buffers.cached_bytes() == (sum(sizes) * MIB, 0)
+        del states
+        # every result deleted: what stays mapped is this read's need, not every size seen so far
+        assert buffers.cached_bytes() == (0, sum(sizes) * MIB), sizes
+
+
+@pytest.mark.skipif(not buffers.HUGE_PAGES, reason="no transparent huge pages here")
+def test_a_sweep_of_the_same_shapes_reuses_every_mapping(monkeypatch):
+    monkeypatch.setattr(buffers, "CACHE_BYTES", None)
+    buffers.empty_cache()
+    first = _read(40, 40, 60)
+    addresses = {t.data_ptr() for t in first}
+    del first
+    for _ in range(3):
+        again = _read(40, 40, 60)
+        assert {t.data_ptr() for t in again} == addresses, "a read of the same shapes maps nothing new"
+        del again
+    assert buffers.cached_bytes() == (0, 140 * MIB)
+    assert buffers.empty_cache() == 140 * MIB and buffers.cached_bytes() == (0, 0)
+
+
+@pytest.mark.skipif(not buffers.HUGE_PAGES, reason="no transparent huge pages here")
+def test_an_explicit_bound_keeps_what_it_says(monkeypatch):
+    monkeypatch.setattr(buffers, "CACHE_BYTES", 0)  # NNTERP_STATES_CACHE_MB=0: nothing idle past a request
+    buffers.empty_cache()
+    _read(40)
+    assert buffers.cached_bytes() == (0, 40 * MIB)  # idle until the next request
+    _read(100)
+    assert buffers.cached_bytes() == (0, 100 * MIB)
+    monkeypatch.setattr(buffers, "CACHE_BYTES", 1000 * MIB)  # a larger bound keeps every size seen
+    for m in (40, 250):
+        _read(m)
+    assert buffers.cached_bytes() == (0, 390 * MIB)
+    buffers.empty_cache()
 
 
 def test_small_buffers_are_plain_tensors_outside_the_cache():

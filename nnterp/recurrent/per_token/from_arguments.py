@@ -24,9 +24,10 @@ On a one-token decode step, ``states`` is the step's new state
 (``state_output``) and ``set_state_after(0, v)`` replaces it.
 
 Differences from the routed path, all deliberate: states equal it within
-float32 rounding, not bit for bit; they carry no autograd graph (route for
-gradients through them); a read after a write in the same call is allowed
-and sees the write. ``state`` under ``tracer.iter`` is not served here (there
+float32 rounding, not bit for bit, in a bfloat16 model too (`nnterp.fast.ssd`:
+Mamba-2's time step is rounded as the kernel rounds it); they carry no
+autograd graph (route for gradients through them); a read after a write in
+the same call is allowed and sees the write. ``state`` under ``tracer.iter`` is not served here (there
 is no per-token location): it stays the component's own strategy.
 """
 
