@@ -94,14 +94,14 @@ def test_a_missing_folder_says_so(tmp_path):
 
 
 def test_an_unknown_family_lists_the_supported_ones_and_how_to_add_one(tmp_path):
-    from transformers import GPT2Config
+    from transformers import BertConfig  # a model_type nnterp has no family for
 
-    GPT2Config(n_layer=1, n_embd=8, n_head=2).save_pretrained(tmp_path)
+    BertConfig(num_hidden_layers=1, hidden_size=8, num_attention_heads=2, intermediate_size=16).save_pretrained(tmp_path)
     with pytest.raises(UnsupportedModel) as raised:
         StandardizedTransformer(str(tmp_path))
     message = str(raised.value)
-    assert "'gpt2'" in message and all(model_type in message for model_type in REGISTRY)
-    assert "nnterp/families/gpt2.py" in message and "tests/families/test_gpt2.py" in message
+    assert "'bert'" in message and all(model_type in message for model_type in REGISTRY)
+    assert "nnterp/families/bert.py" in message and "tests/families/test_bert.py" in message
 
 
 def test_a_value_read_outside_a_trace_says_where_to_read_it(load):

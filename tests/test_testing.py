@@ -120,7 +120,7 @@ def test_mamba2_prompt_spans_several_chunks():
 
 def test_unknown_model_type_lists_supported(tmp_path):
     with pytest.raises(ValueError, match="llama.*qwen3_5_text"):
-        tiny_config("gpt2")
+        tiny_config("bert")
     with pytest.raises(ValueError, match="mamba2"):
         tiny_checkpoint("not_a_model", cache_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []

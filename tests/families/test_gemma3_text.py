@@ -1,0 +1,64 @@
+"""Gemma 3 (text): attention-only sandwich-norm blocks, a sliding-window layer then a full one. Its blocks have
+``self_attn`` and ``mlp`` bound to the HF modules and no recurrent mixer, its logits are plain transformers', and where
+the embedding scale and the final logit softcapping apply relative to the standard values (the contract suite runs the rest)."""
+
+import torch
+import transformers.models.gemma3.modeling_gemma3 as modeling
+
+from tests.suites.checkpoint import CheckpointFixtures
+
+
+class TestGemma3Text(CheckpointFixtures):
+    MODEL_TYPE = "gemma3_text"
+
+    def test_blocks_have_self_attn_and_mlp_and_no_linear_attn(self, model):
+        hf_layers = model._at(model.family.LAYERS)
+        assert model.family.MIXER is None
+        for index, layer in enumerate(model.layers):
+            hf_layer = hf_layers[index]._module
+            assert isinstance(hf_layer, modeling.Gemma3DecoderLayer), f"layer {index}"
+            assert set(layer.parts()) == {"self_attn", "mlp"}, f"layer {index}"
+            assert layer.self_attn._module is hf_layer.self_attn and layer.mlp._module is hf_layer.mlp, f"layer {index}"
+            assert isinstance(hf_layer.self_attn, modeling.Gemma3Attention) and isinstance(hf_layer.mlp, modeling.Gemma3MLP)
+            assert layer.linear_attn is None, f"layer {index}"
+
+    def test_logits_equal_plain_transformers(self, model, plain, ids):
+        with torch.no_grad():
+            expected = plain(ids).logits
+        with torch.no_grad(), model.trace(ids):
+            logits = model.logits.save()
+        torch.testing.assert_close(logits, expected, rtol=0, atol=1e-6, msg="logits")
+
+    def test_the_prompt_is_longer_than_the_sliding_window(self, model, ids):
+        # Otherwise the sliding-window layers would attend like full ones and the tests above could not tell.
+        assert ids.shape[1] > model._module.config.sliding_window
+
+    def test_embed_tokens_output_is_already_scaled_and_enters_the_first_block(self, model, ids):
+        hidden = model._module.config.hidden_size
+        with torch.no_grad(), model.trace(ids):
+            embedded = model.embed_tokens.output.save()
+            entering = model.layers[0].layer_input.save()
+        table = model.embed_tokens._module.weight
+        torch.testing.assert_close(embedded, table[ids] * torch.tensor(hidden**0.5, dtype=table.dtype), rtol=0, atol=1e-6)
+        torch.testing.assert_close(entering, embedded, rtol=0, atol=0)
+
+    def test_logits_are_before_the_final_softcap_where_a_config_sets_one(self, checkpoint):
+        # No released Gemma 3 sets final_logit_softcapping; where a config does, Gemma3ForCausalLM caps
+        # after lm_head, and model.logits (lm_head's output) is the value before the cap.
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        from nnterp import StandardizedTransformer
+        from tests.suites.checkpoint import PROMPT
+
+        path = checkpoint(self.MODEL_TYPE)
+        config = AutoConfig.from_pretrained(path, final_logit_softcapping=2.0)
+        hf = AutoModelForCausalLM.from_pretrained(path, config=config).eval()
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        capped = StandardizedTransformer(hf, tokenizer=tokenizer)
+        ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+        with torch.no_grad():
+            expected = hf(ids).logits
+        with torch.no_grad(), capped.trace(ids):
+            logits = capped.logits.save()
+        assert not torch.allclose(logits, expected, atol=1e-3)
+        torch.testing.assert_close(2.0 * torch.tanh(logits / 2.0), expected, rtol=0, atol=1e-6)

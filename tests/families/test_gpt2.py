@@ -1,0 +1,48 @@
+"""GPT-2: attention-only, in its own layout (``transformer.h``, ``transformer.wte``, ``transformer.ln_f``; attention at the
+block's ``attn``). Its blocks have ``self_attn`` and ``mlp`` bound to the HF modules and no recurrent mixer, and its logits
+are plain transformers' (the contract suite runs the rest)."""
+
+import torch
+import transformers.models.gpt2.modeling_gpt2 as modeling
+
+from tests.suites.checkpoint import CheckpointFixtures
+
+
+class TestGPT2(CheckpointFixtures):
+    MODEL_TYPE = "gpt2"
+
+    def test_blocks_have_self_attn_and_mlp_and_no_linear_attn(self, model):
+        hf_layers = model._at(model.family.LAYERS)
+        assert model.family.MIXER is None
+        for index, layer in enumerate(model.layers):
+            hf_layer = hf_layers[index]._module
+            assert isinstance(hf_layer, modeling.GPT2Block), f"layer {index}"
+            assert set(layer.parts()) == {"self_attn", "mlp"}, f"layer {index}"
+            assert layer.self_attn._module is hf_layer.attn and layer.mlp._module is hf_layer.mlp, f"layer {index}"
+            assert isinstance(hf_layer.attn, modeling.GPT2Attention) and isinstance(hf_layer.mlp, modeling.GPT2MLP)
+            assert layer.linear_attn is None, f"layer {index}"
+
+    def test_logits_equal_plain_transformers(self, model, plain, ids):
+        with torch.no_grad():
+            expected = plain(ids).logits
+        with torch.no_grad(), model.trace(ids):
+            logits = model.logits.save()
+        torch.testing.assert_close(logits, expected, rtol=0, atol=1e-6, msg="logits")
+
+    def test_standard_names_reach_gpt2s_layout(self, model):
+        hf = model._module
+        assert [layer._module for layer in model.layers] == list(hf.transformer.h)
+        assert model.embed_tokens._module is hf.transformer.wte
+        assert model.ln_final._module is hf.transformer.ln_f and model.lm_head._module is hf.lm_head
+        attn = hf.transformer.h[0].attn
+        hidden = hf.config.hidden_size
+        assert model.layers[0].self_attn._module is attn
+        assert attn.c_attn.weight.shape == (hidden, 3 * hidden), "queries, keys and values in one fused projection"
+
+    def test_the_first_block_reads_token_plus_position_embeddings(self, model, ids):
+        hf = model._module
+        with torch.no_grad(), model.trace(ids):
+            embedded = model.embed_tokens.output.save()
+            entering = model.layers[0].layer_input.save()
+        positions = hf.transformer.wpe.weight[: ids.shape[1]]
+        torch.testing.assert_close(entering, embedded + positions, rtol=0, atol=1e-6)
