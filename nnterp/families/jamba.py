@@ -79,14 +79,16 @@ class Jamba(Qwen3_5Text):
 
     @classmethod
     def tiny_sizes(cls) -> dict:
-        # Two Mamba blocks, an attention block, a Mamba block (the period-8, offset-4 pattern
-        # shrunk to period 4, offset 2); experts in every other block from block 1, as released.
+        # Three Mamba blocks then an attention block (Jamba-v0.1's period 8, offset 4, a run of
+        # Mamba blocks before each attention block, shrunk to period 4, offset 3, the hybrids'
+        # tiny layout); experts in every other block from block 1, as released, so here the
+        # attention block's feed-forward part is a sparse block too.
         return dict(
             hidden_size=64,
             intermediate_size=128,
             num_hidden_layers=4,
             attn_layer_period=4,
-            attn_layer_offset=2,
+            attn_layer_offset=3,
             expert_layer_period=2,
             expert_layer_offset=1,
             num_experts=4,
