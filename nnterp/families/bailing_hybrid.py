@@ -54,7 +54,8 @@ class BailingHybrid(KimiLinear):
                 hidden_size=2560,
                 num_hidden_layers=42,
                 num_attention_heads=32,
-                head_dim=128,
+                linear_num_heads=32,
+                linear_head_dim=128,  # the config's `head_dim` (128), which it then resets to qk_rope_head_dim
                 layer_group_size=6,
                 short_conv_kernel_size=4,
                 first_k_dense_replace=2,

@@ -130,8 +130,11 @@ def test_each_family_subclasses_its_sibling():
         "Qwen3Next": "Qwen3_5Moe",
         "OlmoHybrid": "Qwen3_5Text",
         "KimiLinear": "Qwen3_5Text",
+        "BailingHybrid": "KimiLinear",
+        "Jamba": "Qwen3_5Text",
         "Mamba": "Llama",
         "Mamba2": "Mamba",
+        "FalconMamba": "Mamba",
     }
     for family in families():
         assert issubclass(family, Family)
