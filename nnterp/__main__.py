@@ -275,8 +275,11 @@ def parser() -> argparse.ArgumentParser:
         description="Walk the DeltaNet recipe: the support table, the state leaving a prompt, the state after every "
         "token, a patch and its effect on the next token; then write PNG plots.",
     )
-    demo.add_argument("--model", default=DEFAULT_MODEL,
-                      help=f"hub id, local folder, or a tiny checkpoint's name (default: {DEFAULT_MODEL}, the embedded tiny hybrid)")
+    which = demo.add_mutually_exclusive_group()
+    which.add_argument("--model", default=DEFAULT_MODEL,
+                       help=f"hub id, local folder, or a tiny checkpoint's name (default: {DEFAULT_MODEL}, the embedded tiny hybrid)")
+    which.add_argument("--family", dest="model", metavar="MODEL_TYPE",
+                       help="the embedded tiny checkpoint of a registered model_type (as --model MODEL_TYPE)")
     demo.add_argument("--out", default="nnterp-demo", help="folder for the PNG plots (default: ./nnterp-demo)")
     demo.add_argument("--prompt", default=PROMPT, help=f"the prompt (default: {PROMPT!r})")
     demo.add_argument("--donor", default=DONOR, help=f"the prompt whose state is patched in (default: {DONOR!r})")

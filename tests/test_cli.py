@@ -112,3 +112,20 @@ def test_support_of_a_missing_folder_says_so(tmp_path):
     done = nnterp_cli("support", str(tmp_path / "nothing-here"))
     assert done.returncode == 2
     assert "no folder exists at that path" in done.stderr and "Traceback" not in done.stderr
+
+
+def _recurrent_types() -> list:
+    from nnterp.families import families
+
+    return [family.NAME for family in families() if family.MIXER is not None]
+
+
+@pytest.mark.parametrize("model_type", _recurrent_types())
+def test_demo_runs_on_every_recurrent_familys_tiny_checkpoint(model_type, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    code = main(["demo", "--family", model_type, "--out", str(tmp_path / "plots"), "--no-sweep", "--quiet"])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert f"nnterp demo: {model_type}" in text and "the state leaving the prompt" in text
+    assert "states[:, -1] == state_output: True" in text
+    assert (tmp_path / "plots" / "state_norms.png").stat().st_size > 5_000
