@@ -132,6 +132,7 @@ def test_each_family_subclasses_its_sibling():
         "KimiLinear": "Qwen3_5Text",
         "Mamba": "Llama",
         "Mamba2": "Mamba",
+        "NemotronH": "Mamba2",
     }
     for family in families():
         assert issubclass(family, Family)
