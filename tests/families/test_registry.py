@@ -133,6 +133,7 @@ def test_each_family_subclasses_its_sibling():
         "Mamba": "Llama",
         "Mamba2": "Mamba",
         "NemotronH": "Mamba2",
+        "Bamba": "Mamba2",
     }
     for family in families():
         assert issubclass(family, Family)

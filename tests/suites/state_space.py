@@ -55,7 +55,7 @@ class StateSpaceSuite(MambaSuite):
     # -- chunk_per_token ---------------------------------------------------------
 
     def test_states_are_unavailable_until_chunk_per_token_which_is_per_model_and_undone(self, model, checkpoint, mixers):
-        size = model._module.config.chunk_size
+        size = model.layers[mixers[0]].linear_attn._module.chunk_size
         reason = model.support()["linear_attn.states"][0]
         assert f"every {size} tokens (chunk_size={size})" in reason and "chunk_per_token" in reason
         with pytest.raises(Unavailable, match="chunk_per_token"), model.trace(PROMPT):
@@ -85,7 +85,7 @@ class StateSpaceSuite(MambaSuite):
             for index in mixers:
                 model.layers[index].linear_attn.states  # every call scans one token per chunk
             per_token = model.logits.save()
-        assert ids.shape[1] > model._module.config.chunk_size, "the prompt spans several chunks"
+        assert ids.shape[1] > model.layers[mixers[0]].linear_attn._module.chunk_size, "the prompt spans several chunks"
         torch.testing.assert_close(per_token, chunked, rtol=0, atol=1e-5)
 
     def test_chunk_per_token_refuses_a_model_without_the_mixer_and_a_running_trace(self, model, load):
