@@ -142,9 +142,19 @@ class StandardizedTransformer(TransformersModel):
     ln_final = _Part("LN_FINAL", "the final norm")
     lm_head = _Part("LM_HEAD", "the unembedding")
 
+    def _scaled_logits(self, head_output: Any) -> Any:
+        scale = self._family.logits_scale(self._module.config)
+        return head_output if scale == 1 else head_output * scale
+
+    def _head_output(self, logits: Any) -> Any:
+        scale = self._family.logits_scale(self._module.config)
+        return logits if scale == 1 else logits / scale
+
     logits = EProperty(
         lambda model: f"{model._family.LM_HEAD}.output",
-        description="the unembedding's output, [batch, seq, vocab]",
+        preprocess=_scaled_logits,
+        postprocess=_head_output,
+        description="the logits: the unembedding's output (times the family's logits scale, where it has one), [batch, seq, vocab]",
         annotation=Logits,
     )
 

@@ -25,7 +25,8 @@ A family declares, as class attributes:
   does not inherit: a sibling's checkpoints are not its own);
 
 and, as class methods: `envoys` (nnsight's ``envoys=`` map), `text_config`
-and `layer_parts` (from a config alone, which parts each block has), and
+and `layer_parts` (from a config alone, which parts each block has),
+`logits_scale` (where the causal LM scales the unembedding's output), and
 `tiny_config` (the tiny test config `nnterp.testing` builds checkpoints from).
 ``NAME`` is the family's name: its file's name and its key in the registry.
 """
@@ -86,6 +87,11 @@ class Family:
     def text_config(cls, config: Any) -> Any:
         """The config of the text model (the composite's ``text_config`` where there is one)."""
         return config
+
+    @classmethod
+    def logits_scale(cls, config: Any) -> float:
+        """The factor the causal LM multiplies the unembedding's output by to give its logits (1 on most families)."""
+        return 1.0
 
     @classmethod
     def layer_parts(cls, config: Any) -> list[set[str]]:

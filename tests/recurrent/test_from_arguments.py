@@ -289,6 +289,11 @@ def state_donor(mix, scale=2.0, seed=3):
     return scale * torch.randn(shape, generator=torch.Generator().manual_seed(seed))
 
 
+def mixers(model) -> list[int]:
+    """The blocks with a recurrent mixer, in order (a hybrid's others have none)."""
+    return [index for index, layer in enumerate(model.layers) if layer.linear_attn is not None]
+
+
 def per_token_path(model):
     """The spec's own way to every token's state on this family (routing, or a chunk size of one)."""
     if issubclass(model.family.MIXER, StateSpace):
@@ -304,25 +309,27 @@ def tolerance(expected):
 def test_every_family_states_equal_the_cache_and_the_spec_path(loaded, model_type):
     model, plain = loaded(model_type)
     ids = model.tokenizer(LONG, return_tensors="pt").input_ids
+    layer = mixers(model)[1]
     with torch.no_grad(), model.trace(ids):
-        states = model.layers[1].linear_attn.states.save()
-    expected = hf.prefix_states(plain, ids, 1)
+        states = model.layers[layer].linear_attn.states.save()
+    expected = hf.prefix_states(plain, ids, layer)
     torch.testing.assert_close(states, expected, **tolerance(expected))
     with fast_states(model, enabled=False), per_token_path(model):
         with torch.no_grad(), model.trace(ids):
-            spec_states = model.layers[1].linear_attn.states.save()
+            spec_states = model.layers[layer].linear_attn.states.save()
     torch.testing.assert_close(states, spec_states, **tolerance(expected))
 
 
 @pytest.mark.parametrize("model_type", FAST)
 def test_every_family_left_padded_batch(loaded, model_type):
     model, plain = loaded(model_type)
+    layer = mixers(model)[0]
     with torch.no_grad(), model.trace([PROMPT, OTHER]):
-        states = model.layers[0].linear_attn.states.save()
+        states = model.layers[layer].linear_attn.states.save()
     for row, prompt in enumerate((PROMPT, OTHER)):
         row_ids = model.tokenizer(prompt, return_tensors="pt").input_ids
         pad = states.shape[1] - row_ids.shape[1]
-        expected = hf.prefix_states(plain, row_ids, 0)[0]
+        expected = hf.prefix_states(plain, row_ids, layer)[0]
         torch.testing.assert_close(states[row, pad:], expected, **tolerance(expected))
 
 
@@ -331,12 +338,13 @@ def test_every_family_left_padded_batch(loaded, model_type):
 def test_every_family_set_state_after_continues_like_a_replaced_cache(loaded, model_type, T):
     model, plain = loaded(model_type)
     ids = model.tokenizer(LONG, return_tensors="pt").input_ids
-    mix = model.layers[0].linear_attn
+    layer = mixers(model)[0]
+    mix = model.layers[layer].linear_attn
     value = state_donor(mix)
     with torch.no_grad(), model.trace(ids):
         mix.set_state_after(T, value)
         logits = model.logits.save()
-    expected = hf.continue_from_state(plain, ids, T % ids.shape[1], 0, value)
+    expected = hf.continue_from_state(plain, ids, T % ids.shape[1], layer, value)
     torch.testing.assert_close(logits[:, -1], expected, rtol=1e-4, atol=1e-4)
 
 

@@ -16,8 +16,9 @@ Portability across the transformers range nnterp supports (5.18-5.24):
   the same in that whole range, whereas ``Cache.get_recurrent_state`` only exists from 5.21.
 
 Only unpadded batches are supported: no attention mask is passed, so every row must be
-a full-length prompt (positions are derived from the cache, as ``generate`` does for an
-unpadded prompt).
+a full-length prompt. Positions are passed (``position_ids``, where the forward takes
+them) counting on from the tokens already cached, as ``generate`` does for an unpadded
+prompt: some forwards (Bamba's) do not derive them from the cache.
 
 Aliasing: the cached state tensors keep one address for the life of the cache. Prompt
 calls write them with ``copy_`` and Mamba-1/Mamba-2 decode kernels update them in place
@@ -112,10 +113,15 @@ def set_conv_state(cache, layer_idx: int, value: torch.Tensor) -> None:
     _copy_into(conv_state(cache, layer_idx), value, f"conv state of layer {layer_idx}")
 
 
-def _forward(model, input_ids, cache=None):
+def _forward(model, input_ids, cache=None, start: int = 0):
+    """One call from position ``start``: positions are passed where the forward takes them, as ``generate`` does
+    (Bamba's forward counts from 0 on every call without them, cache or not)."""
     kwargs = {"use_cache": True}
     if cache is not None:
         kwargs[cache_kwarg(model)] = cache
+    if "position_ids" in inspect.signature(model.forward).parameters:
+        positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
+        kwargs["position_ids"] = positions.unsqueeze(0).expand(input_ids.shape[0], -1)
     return model(input_ids=input_ids, **kwargs)
 
 
@@ -177,7 +183,7 @@ def continue_from_state(
     if conv_state is not None:
         set_conv_state(cache, layer_idx, conv_state)
     for i in range(T + 1, length):
-        out = _forward(model, input_ids[:, i : i + 1], cache)
+        out = _forward(model, input_ids[:, i : i + 1], cache, start=i)
     return out.logits[:, -1]
 
 
@@ -217,5 +223,5 @@ def greedy(
             break
         if patch is not None:
             patch(step, cache)
-        out = _forward(model, next_ids, cache)
+        out = _forward(model, next_ids, cache, start=ids.shape[1] - 1)
     return ids

@@ -30,14 +30,21 @@ class MambaSuite(CheckpointFixtures):
         generator = torch.Generator().manual_seed(seed)
         return scale * torch.randn(like.shape, generator=generator)
 
+    @pytest.fixture(scope="class")
+    @classmethod
+    def mixers(cls, model) -> list[int]:
+        """The blocks with a recurrent mixer, in order (a hybrid's others have none); the tests use the first two."""
+        return [index for index, layer in enumerate(model.layers) if layer.linear_attn is not None]
+
     def cached_state(self, plain, ids, layer):
         with torch.no_grad():
             return hf.recurrent_state(hf.output_cache(plain(ids, use_cache=True)), layer).clone()
 
     # -- decode steps against a plain greedy loop (both families) --------------
 
-    @pytest.mark.parametrize("layer", [0, 1])
-    def test_decode_state_input_and_output_are_the_cache_before_and_after(self, model, plain, ids, layer):
+    @pytest.mark.parametrize("nth", [0, 1])
+    def test_decode_state_input_and_output_are_the_cache_before_and_after(self, model, plain, ids, mixers, nth):
+        layer = mixers[nth]
         mix = model.layers[layer].linear_attn
         entering, leaving = [], []
         with torch.no_grad(), model.generate(PROMPT, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False) as tracer:
@@ -54,8 +61,8 @@ class MambaSuite(CheckpointFixtures):
             torch.testing.assert_close(entering[step], before[step], **TOL, msg=f"state entering step {step}")
             torch.testing.assert_close(leaving[step - 1], before[step], **TOL, msg=f"state leaving step {step - 1}")
 
-    def test_assigning_state_input_on_a_decode_step_changes_ids_as_hf_greedy(self, model, plain, ids):
-        layer = 0
+    def test_assigning_state_input_on_a_decode_step_changes_ids_as_hf_greedy(self, model, plain, ids, mixers):
+        layer = mixers[0]
         donor = self.donor(self.cached_state(plain, ids, layer), scale=30.0)
         mix = model.layers[layer].linear_attn
         kwargs = dict(max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
@@ -72,8 +79,8 @@ class MambaSuite(CheckpointFixtures):
         assert torch.equal(patched, expected)
         assert not torch.equal(patched, hf.greedy(plain, ids, NEW)), "the patch changes the continuation"
 
-    def test_state_output_written_on_a_decode_step_is_what_the_next_step_starts_from(self, model):
-        mix = model.layers[1].linear_attn
+    def test_state_output_written_on_a_decode_step_is_what_the_next_step_starts_from(self, model, mixers):
+        mix = model.layers[mixers[1]].linear_attn
         with torch.no_grad(), model.generate(PROMPT, max_new_tokens=3, min_new_tokens=3, do_sample=False) as tracer:
             for step in tracer.iter[1]:
                 zeros = torch.zeros_like(mix.state_output)
@@ -82,8 +89,8 @@ class MambaSuite(CheckpointFixtures):
                 entering = mix.state_input.save()
         assert torch.count_nonzero(entering) == 0
 
-    def test_conv_windows_are_the_caches_and_carry_from_step_to_step(self, model, plain, ids):
-        layer = 1
+    def test_conv_windows_are_the_caches_and_carry_from_step_to_step(self, model, plain, ids, mixers):
+        layer = mixers[1]
         mix = model.layers[layer].linear_attn
         with torch.no_grad():
             expected = hf.conv_state(hf.output_cache(plain(ids, use_cache=True)), layer).clone()
@@ -123,11 +130,11 @@ class MambaSuite(CheckpointFixtures):
             plain_logits = model.logits.save()
         torch.testing.assert_close(routed, plain_logits, rtol=0, atol=1e-6)
 
-    def test_inside_a_kernel_a_read_raises_unavailable_with_the_reason(self, model):
+    def test_inside_a_kernel_a_read_raises_unavailable_with_the_reason(self, model, mixers):
         with compiled_kernels(model.family.MODELING, mixer_kernels(model.family.MIXER)):
             reason = model.support()["linear_attn.betas"][0]
             with pytest.raises(Unavailable) as raised:  # said before anything runs, inside a trace or not
-                model.layers[0].linear_attn.betas
+                model.layers[mixers[0]].linear_attn.betas
             assert raised.value.reason == reason
 
 

@@ -18,13 +18,26 @@ import warnings
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 import nnterp
 from nnterp import NnterpError, OrderError, RoutingError, Unavailable
+from nnterp.testing import tiny_config, tiny_tokenizer
 from tests.reference import hf_oracles as hf
 from tests.reference.recurrences import ssd
 from tests.suites.mamba import OTHER, PROMPT, TOL, MambaSuite
 from tests.suites.steps import assert_generate_steps_read_their_own_call
+
+
+def built(model_type: str, **changes) -> nnterp.StandardizedTransformer:
+    """The standardized model of the family's tiny config with ``changes`` set on it, seeded random weights."""
+    config = tiny_config(model_type)
+    for name, value in changes.items():
+        setattr(config, name, value)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config).eval()
+    return nnterp.StandardizedTransformer(model, tokenizer=tiny_tokenizer())
 
 
 class StateSpaceSuite(MambaSuite):
@@ -35,24 +48,24 @@ class StateSpaceSuite(MambaSuite):
         with nnterp.chunk_per_token(model):
             yield model
 
-    def test_labels_are_resolved_from_the_kernels_source(self, model):
-        cls = type(model.layers[0].linear_attn)
+    def test_labels_are_resolved_from_the_kernels_source(self, model, mixers):
+        cls = type(model.layers[mixers[0]].linear_attn)
         assert cls.STATE_OP is None and (cls.BOUNDARY_OP, cls.STEP_STATE_OP) == ("new_states_0", "ssm_states_0")
 
     # -- chunk_per_token ---------------------------------------------------------
 
-    def test_states_are_unavailable_until_chunk_per_token_which_is_per_model_and_undone(self, model, checkpoint):
-        size = model._module.config.chunk_size
+    def test_states_are_unavailable_until_chunk_per_token_which_is_per_model_and_undone(self, model, checkpoint, mixers):
+        size = model.layers[mixers[0]].linear_attn._module.chunk_size
         reason = model.support()["linear_attn.states"][0]
         assert f"every {size} tokens (chunk_size={size})" in reason and "chunk_per_token" in reason
         with pytest.raises(Unavailable, match="chunk_per_token"), model.trace(PROMPT):
-            model.layers[0].linear_attn.states
+            model.layers[mixers[0]].linear_attn.states
         other = nnterp.StandardizedTransformer(str(checkpoint(self.MODEL_TYPE)), dispatch=True)
         nnterp.chunk_per_token(model)
         try:
             assert model.support()["linear_attn.states"] is None
             assert other.support()["linear_attn.states"] is not None, "per model, not process-wide"
-            mix = model.layers[0].linear_attn
+            mix = model.layers[mixers[0]].linear_attn
             with torch.no_grad(), model.trace(PROMPT):
                 mix.states
                 chunk = mix.argument("chunk_size").save()
@@ -61,16 +74,18 @@ class StateSpaceSuite(MambaSuite):
             nnterp.chunk_per_token(model, enabled=False)
         assert model.support()["linear_attn.states"] is not None
         # Held by nnterp: transformers' modules are never changed.
-        assert all(layer.linear_attn._module.chunk_size == size for layer in [*model.layers, *other.layers])
+        assert all(
+            layer.linear_attn._module.chunk_size == size for layer in [*model.layers, *other.layers] if layer.linear_attn is not None
+        )
 
-    def test_chunk_per_token_gives_the_default_logits(self, model, ids):
+    def test_chunk_per_token_gives_the_default_logits(self, model, ids, mixers):
         with torch.no_grad(), model.trace(ids):
             chunked = model.logits.save()
         with nnterp.chunk_per_token(model), torch.no_grad(), model.trace(ids):
-            for layer in model.layers:
-                layer.linear_attn.states  # every call scans one token per chunk
+            for index in mixers:
+                model.layers[index].linear_attn.states  # every call scans one token per chunk
             per_token = model.logits.save()
-        assert ids.shape[1] > model._module.config.chunk_size, "the prompt spans several chunks"
+        assert ids.shape[1] > model.layers[mixers[0]].linear_attn._module.chunk_size, "the prompt spans several chunks"
         torch.testing.assert_close(per_token, chunked, rtol=0, atol=1e-5)
 
     def test_chunk_per_token_refuses_a_model_without_the_mixer_and_a_running_trace(self, model, load):
@@ -81,8 +96,9 @@ class StateSpaceSuite(MambaSuite):
 
     # -- the state after every token ---------------------------------------------
 
-    @pytest.mark.parametrize("layer", [0, 1])
-    def test_states_equal_the_cache_after_each_prefix(self, per_token, plain, ids, layer):
+    @pytest.mark.parametrize("nth", [0, 1])
+    def test_states_equal_the_cache_after_each_prefix(self, per_token, plain, ids, mixers, nth):
+        layer = mixers[nth]
         mix = per_token.layers[layer].linear_attn
         with torch.no_grad(), per_token.trace(ids):
             states = mix.states.save()
@@ -90,8 +106,8 @@ class StateSpaceSuite(MambaSuite):
         torch.testing.assert_close(states, hf.prefix_states(plain, ids, layer), **TOL, msg="states vs HF cache per prefix")
         assert torch.equal(states[:, -1], final)
 
-    def test_states_of_a_left_padded_batch_are_each_prompts(self, per_token, plain):
-        mix = per_token.layers[1].linear_attn
+    def test_states_of_a_left_padded_batch_are_each_prompts(self, per_token, plain, mixers):
+        mix = per_token.layers[mixers[1]].linear_attn
         with torch.no_grad(), per_token.trace([PROMPT, OTHER]):
             batch = mix.states.save()
         with torch.no_grad(), per_token.trace() as tracer:
@@ -104,12 +120,12 @@ class StateSpaceSuite(MambaSuite):
         for row, prompt in enumerate((PROMPT, OTHER)):
             row_ids = per_token.tokenizer(prompt, return_tensors="pt").input_ids
             pad = width - row_ids.shape[1]
-            torch.testing.assert_close(batch[row, pad:], hf.prefix_states(plain, row_ids, 1)[0], **TOL, msg=f"row {row}")
+            torch.testing.assert_close(batch[row, pad:], hf.prefix_states(plain, row_ids, mixers[1])[0], **TOL, msg=f"row {row}")
             assert torch.count_nonzero(batch[row, :pad]) == 0
         assert width > len(per_token.tokenizer(OTHER).input_ids)
 
-    def test_state_iterates_over_tokens_with_tracer_iter(self, per_token, ids):
-        mix = per_token.layers[0].linear_attn
+    def test_state_iterates_over_tokens_with_tracer_iter(self, per_token, ids, mixers):
+        mix = per_token.layers[mixers[0]].linear_attn
         collected, after_loop = [], []
         with torch.no_grad(), per_token.trace(ids) as tracer:
             for t in tracer.iter[: ids.shape[1]]:
@@ -123,16 +139,16 @@ class StateSpaceSuite(MambaSuite):
         assert len(after_loop) == ids.shape[1], "an open loop ends after the last token"
         assert any("never reached" in str(w.message) for w in caught)
 
-    def test_arguments_reproduce_states_and_output_through_the_ssd_recurrence(self, per_token):
-        mix = per_token.layers[0].linear_attn
+    def test_arguments_reproduce_states_and_output_through_the_ssd_recurrence(self, per_token, mixers):
+        mix = per_token.layers[mixers[0]].linear_attn
         with torch.no_grad(), per_token.trace(PROMPT):
             x, dt = mix.attention_values.save(), mix.dt.save()
             B, C = mix.attention_keys.save(), mix.attention_queries.save()
-            A, D, bias = (mix.argument(name).save() for name in ("A", "D", "dt_bias"))
+            A, D, bias, limit = (mix.argument(name).save() for name in ("A", "D", "dt_bias", "dt_limit"))
             betas, decays = mix.betas.save(), mix.decays.save()
             states = mix.states.save()
             y = getattr(mix.source, type(mix).CHUNK_KERNEL).output[0].save()
-        outputs, expected = ssd(x, dt, A, B, C, D, dt_bias=bias)
+        outputs, expected = ssd(x, dt, A, B, C, D, dt_bias=bias, dt_limit=limit)
         torch.testing.assert_close(states, expected, **TOL, msg="states")
         torch.testing.assert_close(y, outputs, **TOL, msg="kernel output")
         _, from_betas = ssd(x, betas, A, B, C, dt_softplus=False)
@@ -140,8 +156,8 @@ class StateSpaceSuite(MambaSuite):
         assert torch.equal(decays, betas * A) and (decays <= 0).all() and (betas > 0).all()
 
     @pytest.mark.parametrize("name", ["betas", "decays"])
-    def test_betas_and_decays_written_reach_the_kernel(self, per_token, name):
-        mix = per_token.layers[0].linear_attn
+    def test_betas_and_decays_written_reach_the_kernel(self, per_token, name, mixers):
+        mix = per_token.layers[mixers[0]].linear_attn
         with torch.no_grad(), per_token.trace(PROMPT):
             x, A = mix.attention_values.save(), mix.argument("A").save()
             B, C = mix.attention_keys.save(), mix.attention_queries.save()
@@ -152,23 +168,23 @@ class StateSpaceSuite(MambaSuite):
         _, expected = ssd(x, step, A, B, C, dt_softplus=False)
         torch.testing.assert_close(states, expected, **TOL)
 
-    def test_state_input_assigned_on_a_prompt_is_where_it_starts(self, per_token, plain, ids):
-        mix = per_token.layers[1].linear_attn
-        donor = self.donor(self.cached_state(plain, ids, 1))
+    def test_state_input_assigned_on_a_prompt_is_where_it_starts(self, per_token, plain, ids, mixers):
+        mix = per_token.layers[mixers[1]].linear_attn
+        donor = self.donor(self.cached_state(plain, ids, mixers[1]))
         with torch.no_grad(), per_token.trace(PROMPT):
             x, dt = mix.attention_values.save(), mix.dt.save()
             B, C = mix.attention_keys.save(), mix.attention_queries.save()
-            A, bias = mix.argument("A").save(), mix.argument("dt_bias").save()
+            A, bias, limit = (mix.argument(name).save() for name in ("A", "dt_bias", "dt_limit"))
             mix.state_input = donor
             states = mix.states.save()
-        _, expected = ssd(x, dt, A, B, C, dt_bias=bias, initial_state=donor)
+        _, expected = ssd(x, dt, A, B, C, dt_bias=bias, dt_limit=limit, initial_state=donor)
         torch.testing.assert_close(states, expected, **TOL)
 
-    def test_generate_steps_each_read_their_own_call(self, per_token):
-        assert_generate_steps_read_their_own_call(per_token, per_token.layers[0].linear_attn)
+    def test_generate_steps_each_read_their_own_call(self, per_token, mixers):
+        assert_generate_steps_read_their_own_call(per_token, per_token.layers[mixers[0]].linear_attn)
 
-    def test_a_decode_step_serves_one_token_per_head_and_a_write_reaches_its_update(self, model):
-        mix = model.layers[1].linear_attn
+    def test_a_decode_step_serves_one_token_per_head_and_a_write_reaches_its_update(self, model, mixers):
+        mix = model.layers[mixers[1]].linear_attn
         read = {}
         with torch.no_grad(), model.generate(PROMPT, max_new_tokens=2, min_new_tokens=2, do_sample=False) as tracer:
             for step in tracer.iter[1]:
@@ -187,8 +203,8 @@ class StateSpaceSuite(MambaSuite):
     # -- writing the state inside a prompt ---------------------------------------
 
     @pytest.mark.parametrize("T", [2, 5])
-    def test_set_state_after_continues_as_hf_from_a_replaced_cache(self, per_token, plain, ids, T):
-        layer = 1
+    def test_set_state_after_continues_as_hf_from_a_replaced_cache(self, per_token, plain, ids, mixers, T):
+        layer = mixers[1]
         donor = self.donor(self.cached_state(plain, ids, layer))
         mix = per_token.layers[layer].linear_attn
         with torch.no_grad(), per_token.trace(ids):
@@ -209,8 +225,8 @@ class StateSpaceSuite(MambaSuite):
         torch.testing.assert_close(later, hf.recurrent_state(hf.output_cache(rest), layer), **TOL)
         assert not torch.equal(final, self.cached_state(plain, ids, layer)), "the write reaches the final state"
 
-    def test_set_state_after_the_last_token_is_the_final_state(self, per_token, ids):
-        mix = per_token.layers[0].linear_attn
+    def test_set_state_after_the_last_token_is_the_final_state(self, per_token, ids, mixers):
+        mix = per_token.layers[mixers[0]].linear_attn
         with torch.no_grad(), per_token.trace(ids):
             donor = torch.ones_like(mix.state_after(-1))
             mix.set_state_after(-1, donor)
@@ -219,9 +235,9 @@ class StateSpaceSuite(MambaSuite):
 
     # -- bad input ---------------------------------------------------------------
 
-    def test_bad_input_raises_nnterp_errors(self, per_token, plain, ids):
-        mix = per_token.layers[0].linear_attn
-        good = self.cached_state(plain, ids, 0)
+    def test_bad_input_raises_nnterp_errors(self, per_token, plain, ids, mixers):
+        mix = per_token.layers[mixers[0]].linear_attn
+        good = self.cached_state(plain, ids, mixers[0])
         n = ids.shape[1]
         cases = {
             "dtype": (lambda: mix.set_state_after(1, good.double()), NnterpError, "dtype"),
