@@ -205,6 +205,12 @@ class StandardizedTransformer(TransformersModel):
         _register_for_remote()
         return super(StandardizedTransformer, self)._remote_backend(remote, *args)
 
+    def __getstate__(self) -> dict:
+        # The copy a request carries runs on the server: its own traces (a session's) are local there.
+        state = super(StandardizedTransformer, self).__getstate__()
+        state["_nnterp_remote"] = False
+        return state
+
     def _remoteable_class(self) -> type:
         # The server builds the plain nnsight model (it has no nnterp); nnterp's envoys travel with each request.
         return TransformersModel

@@ -17,6 +17,16 @@ def _pyproject_version() -> str:
     return re.search(r'^version\s*=\s*"([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE).group(1)
 
 
+def _setuptools_reads_spdx() -> bool:
+    from packaging.version import Version
+
+    try:
+        import setuptools
+    except ImportError:
+        return False
+    return Version(setuptools.__version__) >= Version("77")
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
     """`pip install --no-deps --no-build-isolation --target` of a copy of the project (the checkout stays clean)."""
@@ -27,8 +37,11 @@ def installed(tmp_path_factory) -> Path:
         shutil.copy(ROOT / name, source / name)
     shutil.copytree(ROOT / "nnterp", source / "nnterp", ignore=shutil.ignore_patterns("__pycache__"))
     target = work / "site"
+    # With this environment's setuptools when it reads an SPDX license (>= 77, pyproject's build requirement);
+    # an older one (a fresh Python 3.11 venv's) makes pip fetch the build requirement, as `pip install .` does.
+    isolation = ["--no-build-isolation"] if _setuptools_reads_spdx() else []
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-compile",
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", *isolation, "--no-compile",
          "--disable-pip-version-check", "--target", str(target), str(source)],
         check=True, capture_output=True, text=True, timeout=120,
     )

@@ -187,6 +187,22 @@ def test_mamba2_chunk_per_token_runs_remotely(models, sent):
         assert_same(per_token(remote, layer, True), per_token(local, layer, False))
 
 
+def session_reads(model: StandardizedTransformer, remote: bool) -> dict:
+    with torch.no_grad(), model.session(remote=remote):
+        with model.trace(PROMPT):
+            first = model.logits.save()
+        with model.trace("An unrelated prompt"):
+            second = model.next_token_probs.save()
+    return {"first": first, "second": second}
+
+
+def test_a_session_runs_remotely_as_one_request(models, sent):
+    # Its inner traces run on the server's model: the copy a request carries is not remote there.
+    local, remote = models("qwen3_5_text")
+    assert_same(session_reads(remote, True), session_reads(local, False))
+    assert len(sent.payload_bytes) == 1
+
+
 # -- what cannot run remotely says so ------------------------------------------------------------------------
 
 
