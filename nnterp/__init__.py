@@ -53,4 +53,38 @@ __all__ = [
     "OutOfVocabulary",
 ]
 
-__version__ = "0.1.0"
+
+
+def _version() -> str:
+    """This package's version, from the metadata of the distribution it was installed from.
+
+    pyproject.toml is the one place the version is written. An installed copy
+    reads it back from its metadata; a source checkout that is not the
+    installed copy (an editable install of another worktree, or no install at
+    all, with the checkout on ``PYTHONPATH``) reads its own pyproject.toml.
+    """
+    import json
+    import re
+    from importlib import metadata
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    try:
+        dist = metadata.distribution("nnterp")
+    except metadata.PackageNotFoundError:
+        dist = None
+    if dist is not None:
+        if Path(dist.locate_file("nnterp/__init__.py")).resolve() == here / "__init__.py":
+            return dist.version  # a regular install: this file is the distribution's
+        direct_url = dist.read_text("direct_url.json")
+        if direct_url and json.loads(direct_url).get("url") == here.parent.as_uri():
+            return dist.version  # an editable install of this checkout
+    pyproject = here.parent / "pyproject.toml"
+    if pyproject.is_file():
+        found = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(), re.MULTILINE)
+        if found:
+            return found.group(1)
+    return dist.version if dist is not None else "0+unknown"
+
+
+__version__ = _version()

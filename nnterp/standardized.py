@@ -19,6 +19,7 @@ for every value on every layer, whether it can be served now and why not.
 
 from __future__ import annotations
 
+import json
 import os
 from functools import reduce
 from typing import Any
@@ -27,15 +28,17 @@ import torch
 from nnsight import TransformersModel
 from torch._guards import detect_fake_mode
 
+from .components.layer import Layers
 from .core.dims import Logits, Probs
 from .core.errors import EmptyPrompt, NnterpError, RoutingError, WrongType
 from .core.values import DerivedEProperty, EProperty
 from .families import family_for
 from .recurrent.routing import refused_device
+from .recurrent.settings import mark_remote
 from .support import describe, support_table
 
 
-def _config(model: Any) -> Any:
+def _config(model: Any, revision: str | None = None) -> Any:
     from transformers import AutoConfig, PreTrainedModel
 
     if isinstance(model, PreTrainedModel):
@@ -50,7 +53,7 @@ def _config(model: Any) -> Any:
         return AutoConfig.from_pretrained(path)
     looks_local = path.startswith((".", "/", "~")) or path.count("/") != 1  # a hub id is "owner/name"
     try:
-        return AutoConfig.from_pretrained(path)
+        return AutoConfig.from_pretrained(path, revision=revision)
     except Exception as error:
         where = "no folder exists at that path" if looks_local else "the hub could not serve it"
         raise NnterpError(
@@ -66,6 +69,13 @@ def _no_tokens(data: Any) -> bool:
     if isinstance(data, (list, tuple)):
         return all(isinstance(row, (list, tuple)) and len(row) == 0 for row in data)
     return False
+
+
+def _register_for_remote() -> None:
+    """Ship nnterp by value with every remote request: a server has nnsight, torch and transformers, not nnterp."""
+    from nnsight.ndif import register
+
+    register(__name__.partition(".")[0])
 
 
 class _Part:
@@ -94,6 +104,11 @@ class StandardizedTransformer(TransformersModel):
         dispatch: load the weights now (``True``) or at the first trace.
         device: where to put the weights (``"cpu"``, ``"cuda:0"``, ...).
         tokenizer: a tokenizer to use instead of the checkpoint's own.
+        remote: run every ``trace``, ``generate`` and ``session`` of this
+            model on NDIF unless the call says ``remote=False`` (see
+            ``docs/remote.md``): the weights stay unloaded here, nnterp
+            travels with each request, and ``support()`` answers for a server
+            this process cannot route.
         **kwargs: passed to ``from_pretrained`` through nnsight.
     """
 
@@ -104,24 +119,32 @@ class StandardizedTransformer(TransformersModel):
         dispatch: bool = False,
         device: str | None = None,
         tokenizer: Any = None,
+        remote: bool = False,
         **kwargs: Any,
     ) -> None:
         from transformers import AutoTokenizer, PreTrainedModel
 
-        config = _config(model)
+        kwargs.pop("task", None)  # always a causal LM: a model key names its task, and it is this one
+        config = _config(model, kwargs.get("revision"))
         family = family_for(config)
         if tokenizer is None:
             if isinstance(model, PreTrainedModel):
                 raise NnterpError("a loaded model comes without its tokenizer: pass tokenizer=AutoTokenizer.from_pretrained(...)")
             # nnsight cannot guess a local folder's tokenizer on its lazy path (transformers 5
             # names the pipeline class as a string), so load it here for every source.
-            tokenizer = AutoTokenizer.from_pretrained(os.fspath(model))
+            tokenizer = AutoTokenizer.from_pretrained(os.fspath(model), revision=kwargs.get("revision"))
         if device is not None and not isinstance(model, PreTrainedModel):
             kwargs.setdefault("device_map", device)
+        if remote and dispatch:
+            raise NnterpError("a remote model runs on NDIF's copy of the weights: leave dispatch=False with remote=True")
         object.__setattr__(self, "_family", family)
-        super().__init__(model, task="text-generation", tokenizer=tokenizer, dispatch=dispatch, envoys=family.envoys(), **kwargs)
+        object.__setattr__(self, "_nnterp_remote", bool(remote))
+        super(StandardizedTransformer, self).__init__(model, task="text-generation", tokenizer=tokenizer, dispatch=dispatch, envoys=family.envoys(), **kwargs)
         if device is not None and isinstance(model, PreTrainedModel):
             self._module.to(device)
+        if remote:
+            mark_remote(self)
+            _register_for_remote()
 
     @property
     def family(self) -> Any:
@@ -134,9 +157,12 @@ class StandardizedTransformer(TransformersModel):
     @property
     def layers(self) -> Any:
         """The decoder blocks: indexable, ``len()``-able, iterable."""
-        from .components.layer import Layers
-
         return Layers(list(self._at(self._family.LAYERS)))
+
+    @property
+    def remote(self) -> bool:
+        """Whether this model was built with ``remote=True``: its runs default to NDIF, and `support()` answers for a server."""
+        return self.__dict__.get("_nnterp_remote", False)
 
     embed_tokens = _Part("EMBED_TOKENS", "the token embedding")
     ln_final = _Part("LN_FINAL", "the final norm")
@@ -180,13 +206,55 @@ class StandardizedTransformer(TransformersModel):
         reason = refused_device(self)
         if reason is not None:
             raise RoutingError(reason)
-        return super().interleave(fn, *args, **kwargs)
+        # Explicit class: on a server this method is rebuilt from its source, without a `__class__` cell.
+        return super(StandardizedTransformer, self).interleave(fn, *args, **kwargs)
+
+    # -- remote execution (docs/remote.md) --------------------------------------------------
+
+    def trace(self, *inputs: Any, remote: bool | str | None = None, **kwargs: Any) -> Any:
+        """nnsight's ``trace``; ``remote`` defaults to the model's own (``remote=True`` at construction)."""
+        return super(StandardizedTransformer, self).trace(*inputs, remote=self.remote if remote is None else remote, **kwargs)
+
+    def session(self, *args: Any, remote: bool | str | None = None, **kwargs: Any) -> Any:
+        """nnsight's ``session``; ``remote`` defaults to the model's own."""
+        return super(StandardizedTransformer, self).session(*args, remote=self.remote if remote is None else remote, **kwargs)
+
+    def _remote_backend(self, remote: bool | str, *args: Any) -> Any:
+        # Every remote run (trace, generate, session; True, a host, or "local") ships nnterp by value.
+        _register_for_remote()
+        return super(StandardizedTransformer, self)._remote_backend(remote, *args)
+
+    def __getstate__(self) -> dict:
+        # The copy a request carries runs on the server: its own traces (a session's) are local there.
+        state = super(StandardizedTransformer, self).__getstate__()
+        state["_nnterp_remote"] = False
+        return state
+
+    def _remoteable_class(self) -> type:
+        # The server builds the plain nnsight model (it has no nnterp); nnterp's envoys travel with each request.
+        return TransformersModel
+
+    def _remoteable_model_key(self) -> str:
+        if isinstance(self.repo_id, str) and os.path.isdir(self.repo_id):
+            # A local folder names itself (a test server, or one sharing this filesystem); the hub cannot canonicalize it.
+            data: dict[str, Any] = {"repo_id": os.path.abspath(self.repo_id), "revision": self.revision}
+            if self.kwargs.get("trust_remote_code"):
+                data["trust_remote_code"] = True
+            data["task"] = "text-generation"
+            return json.dumps(data)
+        return super(StandardizedTransformer, self)._remoteable_model_key()
+
+    @classmethod
+    def _remoteable_from_model_key(cls, model_key: str, **kwargs: Any) -> StandardizedTransformer:
+        data = {**json.loads(model_key), **kwargs}
+        data.pop("task", None)
+        return cls(data.pop("repo_id"), **data)
 
     def _batch_size(self, *inputs: Any, **kwargs: Any) -> int:
         """nnsight's rows of one invoke, refusing first an input that holds no token at all."""
         if inputs and _no_tokens(inputs[0]):
             raise EmptyPrompt(f"the prompt is empty ({inputs[0]!r}): a language model needs at least one token to run on")
-        return super()._batch_size(*inputs, **kwargs)
+        return super(StandardizedTransformer, self)._batch_size(*inputs, **kwargs)
 
     def _batch(self, invokes: list, fn: Any) -> tuple:
         """nnsight's one model input from every invoke, refusing a prompt, or a row, the tokenizer left without tokens.
@@ -195,7 +263,7 @@ class StandardizedTransformer(TransformersModel):
         error; an empty row of a padded batch would run on padding alone and
         give logits that mean nothing.
         """
-        args, kwargs = super()._batch(invokes, fn)
+        args, kwargs = super(StandardizedTransformer, self)._batch(invokes, fn)
         key = next((key for key in ("input_ids", "inputs_embeds") if kwargs.get(key) is not None), None)
         ids = kwargs[key] if key is not None else args[0] if args and isinstance(args[0], torch.Tensor) else None
         if isinstance(ids, torch.Tensor) and (ids.dim() < 2 or ids.shape[1] == 0):

@@ -52,7 +52,7 @@ class Layer(Standard):
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        super(Layer, self).__init__(*args, **kwargs)
         parts: dict[str, Any] = dict.fromkeys(PARTS)
         for child in self._children:
             kind = getattr(child, "KIND", None)

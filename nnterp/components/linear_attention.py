@@ -105,7 +105,7 @@ class LinearAttention(RecurrentMixer):
 
     @classmethod
     def find_labels(cls, hf_mixer: type) -> dict:
-        labels = super().find_labels(hf_mixer)
+        labels = super(LinearAttention, cls).find_labels(hf_mixer)
         modeling = modeling_of(hf_mixer)
         loop = cls.loop_body(modeling)
         labels["DECAY_OP"] = state_label(loop, cls.DECAY_VARIABLE, in_loop=True)

@@ -51,6 +51,7 @@ from ..recurrent.labels import Label, cache_test, call_label, state_label
 from ..recurrent.per_token import iteration_strategy, strategy_for
 from ..recurrent.per_token.loop import TOKEN_LOOP, TokenOp, needs_recurrent_routing
 from ..recurrent.routing import route_delta_rule, route_kernels, track  # noqa: F401  (documented here)
+from ..recurrent.settings import REMOTE
 
 __all__ = [
     "RecurrentMixer", "kernel", "needs_torch_kernels", "needs_recurrent_routing", "route_kernels",
@@ -130,8 +131,14 @@ class RecurrentMixer(Standard):
     attention_output = module_output("the mixer's output, [batch, seq, hidden]", Hidden)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        super(RecurrentMixer, self).__init__(*args, **kwargs)
         track(self)
+
+    def __getstate__(self) -> dict:
+        # Pickled only to travel with a remote request: the copy a server rebuilds runs where routing cannot reach.
+        state = super(RecurrentMixer, self).__getstate__()
+        state[REMOTE] = True
+        return state
 
     # -- labels, found once per HF mixer class ---------------------------------------
 

@@ -118,7 +118,7 @@ class StateSpace(RecurrentMixer):
 
     @classmethod
     def find_labels(cls, hf_mixer: type) -> dict:
-        labels = super().find_labels(hf_mixer)
+        labels = super(StateSpace, cls).find_labels(hf_mixer)
         modeling = modeling_of(hf_mixer)
         labels["BOUNDARY_OP"] = state_label(original_body(modeling, cls.CHUNK_FUNCTION), "new_states", in_loop=False)
         # The update itself, not the `.to(...)` copy the readout makes of it.

@@ -21,8 +21,7 @@ never outlives its run, and its tensors are freed with the worker.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from greenlet import getcurrent
@@ -80,17 +79,22 @@ def forget(envoy: Any, key: str) -> None:
     getcurrent().__dict__.get(RECORDS, {}).pop((envoy.path, key), None)
 
 
-@contextmanager
-def pinned(n: int | None) -> Iterator[None]:
+class pinned:  # noqa: N801  (used as a function: ``with pinned(n):``)
     """Pin this worker's reads to occurrence ``n`` of their location, as ``tracer.iter[n]`` does.
 
     ``None`` relaxes the pin. A pinned read relaxes it (for ``n > 0``), so a
     ``with`` holds one read; the pin the worker had is restored on the way out.
+    A class, not a ``@contextmanager`` function: it runs on a server too, where
+    a function arrives rebuilt from its source without its decorators.
     """
-    med = mediator("a pinned read")
-    previous = med.iteration
-    med.iteration = n
-    try:
-        yield
-    finally:
-        med.iteration = previous
+
+    def __init__(self, n: int | None) -> None:
+        self.n = n
+
+    def __enter__(self) -> None:
+        self.mediator = mediator("a pinned read")
+        self.previous = self.mediator.iteration
+        self.mediator.iteration = self.n
+
+    def __exit__(self, *exc: Any) -> None:
+        self.mediator.iteration = self.previous

@@ -35,7 +35,7 @@ class Unavailable(NnterpError):
     def __init__(self, value: str, reason: str) -> None:
         self.value = value
         self.reason = reason
-        super().__init__(f"{value} is unavailable: {reason}")
+        super(Unavailable, self).__init__(f"{value} is unavailable: {reason}")
 
 
 class ReadOnlyValue(NnterpError):

@@ -122,6 +122,14 @@ def replace_in(value: Any, select: Select, element: Any) -> Any:
     return type(value)(items) if isinstance(value, tuple) else items
 
 
+def _rebuild(cls: type, state: dict) -> Any:
+    """A value descriptor from its attributes (see `EProperty.__reduce__`)."""
+    value = cls.__new__(cls)
+    property.__init__(value)
+    value.__dict__.update(state)
+    return value
+
+
 class EProperty(eproperty):
     """A value served at a location, readable and (unless ``writable=False``) writable.
 
@@ -155,7 +163,7 @@ class EProperty(eproperty):
         annotation: Any = None,
         none_on_fresh_prompt: bool = False,
     ) -> None:
-        super().__init__(key=None, description=description)
+        super(EProperty, self).__init__(key=None, description=description)
         self.none_on_fresh_prompt = none_on_fresh_prompt
         self.key = key if isinstance(key, (str, Key)) else Key(key)
         self.select = select
@@ -170,15 +178,19 @@ class EProperty(eproperty):
         self.name = name
         self.owner = owner
 
+    def __reduce__(self) -> tuple:
+        # A `property` subclass does not pickle by itself, and a remote request pickles every component class
+        # (docs/remote.md). The annotation (a jaxtyping type, documentation only) stays here: a server need
+        # not have jaxtyping.
+        return _rebuild, (type(self), {**self.__dict__, "annotation": None})
+
     def __str__(self) -> str:
         """The line ``print(model)`` shows: ``(name): description``."""
         return f"({self.name}): {self.description}"
 
     def variant(self, description: str | None = None, annotation: Any = None) -> EProperty:
         """This value with another description and shape, for a subclass: the same code serves it."""
-        # A property subclass neither pickles nor copies: build the twin from its attributes.
-        other = type(self).__new__(type(self))
-        other.__dict__.update(self.__dict__)
+        other = _rebuild(type(self), dict(self.__dict__))
         other.description = description if description is not None else self.description
         other.annotation = annotation if annotation is not None else self.annotation
         return other
@@ -244,7 +256,7 @@ class DerivedEProperty(EProperty):
         none_on_fresh_prompt: bool = False,
     ) -> None:
         shown = key if key is not None else Key(compute)
-        super().__init__(
+        super(DerivedEProperty, self).__init__(
             shown, description=description, unavailable=unavailable, writable=assign is not None,
             annotation=annotation, none_on_fresh_prompt=none_on_fresh_prompt,
         )

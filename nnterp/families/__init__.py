@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..core.errors import UnsupportedModel
+from ..core.local import LocalDict
 from .base import Family
 
 
@@ -41,7 +42,7 @@ class _Registry(Mapping):
     """``model_type -> family class``; the keys come from the folder, a value imports its file on first use."""
 
     def __init__(self) -> None:
-        self._loaded: dict[str, type[Family]] = {}
+        self._loaded: dict[str, type[Family]] = LocalDict()  # pickled empty: a request carries only its family
         self._keys = tuple(sorted({*_files(), *ALIASES}))
 
     def __iter__(self) -> Iterator[str]:

@@ -71,7 +71,7 @@ class Family:
     REAL_CHECKPOINTS: ClassVar[dict[str, RealCheckpoint]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
+        super(Family, cls).__init_subclass__(**kwargs)
         package, _, stem = cls.__module__.rpartition(".")
         if "NAME" not in cls.__dict__ and package == __name__.rpartition(".")[0]:
             cls.NAME = stem

@@ -40,6 +40,6 @@ class OlmoHybrid(Qwen3_5Text):
 
     @classmethod
     def tiny_sizes(cls) -> dict:
-        sizes = super().tiny_sizes()
+        sizes = super(OlmoHybrid, cls).tiny_sizes()
         del sizes["head_dim"]  # OLMo derives it as hidden_size // num_attention_heads
         return sizes

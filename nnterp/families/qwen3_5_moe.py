@@ -49,6 +49,6 @@ class Qwen3_5Moe(Qwen3_5Text):
 
     @classmethod
     def tiny_sizes(cls) -> dict:
-        sizes = super().tiny_sizes()
+        sizes = super(Qwen3_5Moe, cls).tiny_sizes()
         del sizes["intermediate_size"]  # no dense MLP: experts of their own width
         return dict(sizes, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)

@@ -91,7 +91,7 @@ class Qwen3_5Text(Llama):
         """The text model's tiny config, or the vision-language composite the hub ships (a one-block vision tower)."""
         composite = cls.COMPOSITE_CONFIG
         if composite is None or model_type != composite.model_type:
-            return super().tiny_config(model_type, **tokens)
+            return super(Qwen3_5Text, cls).tiny_config(model_type, **tokens)
         text = dict(cls.tiny_sizes(), **TINY, **tokens)
         vision = dict(
             depth=1,

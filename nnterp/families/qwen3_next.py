@@ -50,4 +50,4 @@ class Qwen3Next(Qwen3_5Moe):
     @classmethod
     def tiny_sizes(cls) -> dict:
         # Every layer sparse; the dense width is kept for the layers mlp_only_layers would name.
-        return dict(super().tiny_sizes(), intermediate_size=128, decoder_sparse_step=1, mlp_only_layers=[])
+        return dict(super(Qwen3Next, cls).tiny_sizes(), intermediate_size=128, decoder_sparse_step=1, mlp_only_layers=[])

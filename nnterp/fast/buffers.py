@@ -47,8 +47,15 @@ import torch
 THRESHOLD = 32 * 2**20
 _ALIGN = 2 * 2**20
 _THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
+class _Pool(list):
+    """The pool: pickled (a remote request carries this module) it arrives empty, as mappings do not travel."""
+
+    def __reduce__(self) -> tuple:
+        return type(self), ()
+
+
 #: The mappings this process keeps: in use (a storage refers to them) or idle.
-_POOL: list = []
+_POOL: list = _Pool()
 
 
 def _huge_pages_available() -> bool:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..core.values import select_from
+from ..core.values import check_tensor, select_from
 
 Where = int | str
 
@@ -116,8 +116,6 @@ def served_step(mixer: Any) -> torch.Tensor:
 
 def assign_step(mixer: Any, value: Any) -> None:
     """Write Δ back as the ``dt`` the kernel takes (`step_input`), leaving entries written back unchanged bit for bit."""
-    from ..core.values import check_tensor
-
     served = served_step(mixer)
     check_tensor("`linear_attn.betas`", value, served)
     step = step_input(value, mixer._serve("dt_bias"), bool(mixer._serve("dt_softplus")))

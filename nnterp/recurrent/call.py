@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..core.calls import mediator
-from ..core.errors import OrderError
+from ..core.errors import OrderError, PositionError, WrongType
 
 
 def order_hint(asked: str, passed: str) -> str:
@@ -116,8 +116,6 @@ class Call:
 
     def position(self, t: Any, what: str) -> int:
         """``t`` as a position of this call (negative counts from the end), or an error naming the range."""
-        from ..core.errors import PositionError, WrongType
-
         if not isinstance(t, int) or isinstance(t, bool):
             raise WrongType(f"{what} takes a token position (an int), got {type(t).__name__}")
         position = t + self.seq if t < 0 else t

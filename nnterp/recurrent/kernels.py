@@ -20,6 +20,9 @@ from typing import Any
 import torch
 from nnsight.intervention.source import decorator_chain
 
+from ..core.local import LocalDict
+from .settings import runs_remotely
+
 #: Attribute of a modeling module holding the bindings it had at import (written by `routing`).
 STASH = "_nnterp_kernels"
 
@@ -100,7 +103,7 @@ def original_body(modeling: ModuleType, name: str) -> Callable:
     return torch_function(original(modeling, name))
 
 
-_SIGNATURES: dict = {}
+_SIGNATURES: dict = LocalDict()  # pickled empty: a server parses its own functions
 
 
 def signature(fn: Callable) -> inspect.Signature:
@@ -139,5 +142,10 @@ def needs_torch_kernels(mixer: Any) -> str | None:
     for name in (cls.CHUNK_FUNCTION, cls.RECURRENT_FUNCTION, *cls.CONV_FUNCTIONS):
         reason = optimized(modeling.__dict__.get(name))
         if reason is not None:
+            if runs_remotely(mixer):
+                reason = reason.partition("; ")[0] + (
+                    "; this runs on a server, whose kernels only its operator can route (route_kernels cannot reach "
+                    "it): nnterp.fast_states(model) serves the per-token states without routing"
+                )
             return reason
     return None

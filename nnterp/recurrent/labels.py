@@ -29,6 +29,7 @@ from typing import Any
 from nnsight.intervention.source import compiled, decorator_chain
 
 from ..core.errors import NnterpError
+from ..core.local import LocalDict
 from .kernels import torch_function
 
 
@@ -48,7 +49,7 @@ class KernelLabels:
         return self.labels[name]
 
 
-_FOUND: dict[tuple[type, type], KernelLabels] = {}
+_FOUND: dict[tuple[type, type], KernelLabels] = LocalDict()  # pickled empty: a server reads its own release
 
 
 def labels_for(component: type, hf_mixer: type) -> KernelLabels:

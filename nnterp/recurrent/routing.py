@@ -32,13 +32,14 @@ from nnsight.intervention.source import STATE
 
 from ..core.calls import in_trace
 from ..core.errors import NnterpError, RoutingError
+from ..core.local import LocalWeakSet
 from .kernels import STASH, compiled_package, torch_function
 from .labels import labels_for
 
 MODES = ("torch", "default")
 
 #: Every live recurrent mixer envoy (`track`), so routing can reset their instrumentation.
-_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+_LIVE: weakref.WeakSet[Any] = LocalWeakSet()  # pickled empty: never another model's envoys in a request
 
 
 def track(mixer: Any) -> None:

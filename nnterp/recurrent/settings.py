@@ -27,6 +27,21 @@ from ..core.errors import NnterpError, RoutingError, WrongType
 
 #: Attribute of a mixer envoy holding its per-token setting: ``None``, ``"fast"`` or ``"chunks"``.
 PER_TOKEN = "_nnterp_per_token"
+#: Attribute of a mixer envoy saying it runs on a server (NDIF), which this process's `route_kernels` cannot
+#: reach: set on every mixer of a ``StandardizedTransformer(..., remote=True)``, and on every mixer a
+#: request carries (a mixer's pickled state always says so: it is pickled only to be shipped).
+REMOTE = "_nnterp_remote"
+
+
+def runs_remotely(mixer: Any) -> bool:
+    """Whether ``mixer`` runs on a server, where routing done in this process does not apply."""
+    return bool(mixer.__dict__.get(REMOTE))
+
+
+def mark_remote(model: Any) -> None:
+    """Mark every mixer of ``model`` as running on a server (``StandardizedTransformer(..., remote=True)``)."""
+    for mixer in _mixers(model, "remote=True"):
+        object.__setattr__(mixer, REMOTE, True)
 
 
 def per_token_setting(mixer: Any) -> str | None:

@@ -27,6 +27,7 @@ from ...core.errors import Unavailable
 from ...core.values import check_expected
 from ..call import KERNEL_RAN, Call
 from ..kernels import bound, drill, modeling_of, needs_torch_kernels, torch_function
+from ..settings import runs_remotely
 from .protocol import PerToken, TokenOp
 
 
@@ -40,6 +41,13 @@ def needs_recurrent_routing(mixer: Any) -> str | None:
     modeling = modeling_of(mixer._module)
     # Through the dispatcher or bound bare, what counts is the body a prompt runs (Mamba-1: the loop already).
     if torch_function(bound(modeling, type(mixer).CHUNK_FUNCTION)) is not mixer.loop_function():
+        if runs_remotely(mixer):
+            return (
+                "the state after each token is materialized only by the token-by-token kernel, and this model runs "
+                "on a server, where route_kernels (which rebinds this process's transformers) cannot reach: call "
+                "nnterp.fast_states(model) before the trace to compute it from the kernel call's own arguments "
+                "(`state` under tracer.iter has no such path: read state_after(t) instead)"
+            )
         return (
             "the state after each token is materialized only by the token-by-token kernel; the chunked kernel a "
             "prompt runs through carries it between chunks. Call nnterp.route_kernels(model.family, 'torch') "

@@ -1,0 +1,203 @@
+"""The device checks of issue 12 that need a CUDA GPU: a model split over GPU and CPU, optimized kernels bound.
+
+    python scripts/gpu_check.py                       # with the package's environment
+    python scripts/gpu_check.py --kinds qwen3_5_text  # one family
+
+Not a test: the test suite never needs a GPU. Without one this prints why and
+exits with status 2 (so a CI step cannot mistake "nothing checked" for a pass).
+With one, per family (a gated DeltaNet hybrid, Mamba-2 by default), on its tiny
+checkpoint (`nnterp.testing`):
+
+1. loads it with ``device_map="auto"`` and a ``max_memory`` that fits only part of
+   it on the GPU, so its layers are split over ``cuda:0`` and ``cpu``, and
+   prints the map;
+2. reports which optimized kernel package transformers bound for the mixer
+   (flash-linear-attention for the gated DeltaNet, mamba_ssm / causal-conv1d for
+   Mamba-2), and whether nnterp's compiled-kernel check (`refused_device`, per
+   mixer on its own device) lets the split model run;
+3. reads ``states`` of every mixer through ``nnterp.fast_states(model)`` (the
+   kernel stays the optimized one) and compares them with the routed states
+   (``route_kernels(family, "torch")``: the token loop, on the same split
+   model), and the logits of both runs with a plain forward;
+4. writes ``set_state_after(1, 2 * state_after(0))`` on a GPU mixer and on a CPU
+   one, the value built on each mixer's own device;
+5. prints one line per check, ``PASS`` / ``FAIL`` / ``NOTE``, and a summary with
+   the date, the GPU and the installed versions, for docs/remote.md.
+
+Exit status: 0 when every check passed, 1 when one failed, 2 without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PROMPT = "The Eiffel Tower is in the city of Paris, which is in France"
+KINDS = ("qwen3_5_text", "mamba2")
+#: States computed two ways agree to float rounding: the chunked kernels reorder the sums.
+TOLERANCE = dict(rtol=1e-3, atol=1e-4)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS))
+    parser.add_argument("--cpu-dry-run", action="store_true", help="run the checks on the CPU alone, to check this script")
+    args = parser.parse_args()
+
+    import torch
+
+    if not torch.cuda.is_available() and not args.cpu_dry_run:
+        print("gpu_check: no CUDA GPU is visible (torch.cuda.is_available() is False); nothing was checked. "
+              "Run it on a machine with a GPU.")
+        return 2
+
+    import transformers
+
+    import nnterp
+
+    results: list[tuple[str, str, str]] = []
+
+    def report(status: str, what: str, detail: str = "") -> None:
+        results.append((status, what, detail))
+        print(f"{status:4} {what}" + (f": {detail}" if detail else ""), flush=True)
+
+    for kind in args.kinds:
+        try:
+            check(kind, report, gpu=not args.cpu_dry_run)
+        except Exception as error:  # noqa: BLE001 - one family's failure is reported, the others still run
+            report("FAIL", f"{kind}: raised", f"{type(error).__name__}: {error}")
+
+    failed = sum(status == "FAIL" for status, _, _ in results)
+    print()
+    where = torch.cuda.get_device_name(0) if not args.cpu_dry_run else "the CPU (dry run)"
+    print(f"gpu_check {datetime.date.today().isoformat()} on {where}: "
+          f"torch {torch.__version__}, transformers {transformers.__version__}, nnterp {nnterp.__version__}, "
+          f"flash-linear-attention {version('flash-linear-attention')}, mamba_ssm {version('mamba_ssm')}, "
+          f"causal-conv1d {version('causal_conv1d')}: {len(results) - failed} of {len(results)} checks passed")
+    return 1 if failed else 0
+
+
+def version(distribution: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def check(kind: str, report, gpu: bool = True) -> None:
+    import torch
+
+    from nnterp import StandardizedTransformer
+    from nnterp.testing import tiny_checkpoint
+
+    path = str(tiny_checkpoint(kind))
+    plain = StandardizedTransformer(path, dispatch=True, device="cpu")
+    size = sum(p.numel() * p.element_size() for p in plain._module.parameters())
+    with torch.no_grad(), plain.trace(PROMPT):
+        reference = plain.logits.save()
+    # About half the weights fit on the GPU, the rest go to the CPU; then every mixer on the GPU, the rest on the CPU
+    # (so an optimized kernel bound for the mixers is never refused for a CPU tensor).
+    memory = {0: size // 2, "cpu": 64 * size} if gpu else {"cpu": 64 * size}
+    auto = StandardizedTransformer(path, dispatch=True, device_map="auto", max_memory=memory)
+    placement = getattr(auto._module, "hf_device_map", None) or {}
+    devices = {str(device) for device in placement.values()}
+    if gpu:
+        report("PASS" if {"0", "cpu"} <= devices or {"cuda:0", "cpu"} <= devices else "FAIL",
+               f"{kind}: device_map='auto' splits the layers over GPU and CPU", str(placement))
+    check_placement(f"{kind} (device_map='auto')", auto, reference, report)
+    layers = plain.family.LAYERS
+    body = layers.rpartition(".")[0]
+    mapping = {name: "cpu" for name, _ in plain._module.named_children() if name != body}
+    mapping.update({f"{body}.{name}": "cpu" for name, _ in plain._at(body)._module.named_children() if f"{body}.{name}" != layers})
+    mapping.update({f"{layers}.{i}": (0 if gpu and layer.linear_attn is not None else "cpu") for i, layer in enumerate(plain.layers)})
+    split = StandardizedTransformer(path, dispatch=True, device_map=mapping)
+    check_placement(f"{kind} (mixers on the GPU)", split, reference, report)
+
+
+def check_placement(name: str, model, reference, report) -> None:
+    import contextlib
+
+    import nnsight
+    import torch
+
+    import nnterp
+    from nnterp.recurrent.kernels import compiled_package
+    from nnterp.recurrent.routing import refused_device
+
+    family = model.family
+    component = family.MIXER
+    bound = {fn: compiled_package(family.MODELING.__dict__.get(fn))
+             for fn in (component.CHUNK_FUNCTION, component.RECURRENT_FUNCTION, *component.CONV_FUNCTIONS)}
+    report("NOTE" if not any(bound.values()) else "PASS", f"{name}: optimized kernels bound",
+           ", ".join(f"{fn} -> {package or 'pure torch'}" for fn, package in bound.items()))
+    mixers = [(i, layer.linear_attn) for i, layer in enumerate(model.layers) if layer.linear_attn is not None]
+    on_cpu = any(_device(mix).type == "cpu" for _, mix in mixers)
+    reason = refused_device(model)
+    expected = any(bound.values()) and on_cpu
+    report("PASS" if (reason is not None) == expected else "FAIL",
+           f"{name}: the compiled-kernel check refuses only a mixer on the CPU under a compiled kernel", reason or "not refused")
+    # Refused: the fast path runs with the family routed (its states still come from the kernel call's arguments).
+    fast_kernels = (lambda: nnterp.route_kernels(family, "torch")) if reason is not None else contextlib.nullcontext
+
+    with fast_kernels(), nnterp.fast_states(model), torch.no_grad(), model.trace(PROMPT):
+        fast = nnsight.save([mix.states for _, mix in mixers])
+        fast_logits = model.logits.save()
+    report("PASS" if close(fast_logits, reference) else "FAIL", f"{name}: logits under fast_states equal a CPU load's",
+           difference(fast_logits, reference))
+    per_token = nnterp.chunk_per_token(model) if component.CHUNKED_SCAN else contextlib.nullcontext()
+    with nnterp.route_kernels(family, "torch"), per_token, torch.no_grad(), model.trace(PROMPT):
+        routed = nnsight.save([mix.states for _, mix in mixers])
+        routed_logits = model.logits.save()
+    report("PASS" if close(routed_logits, reference) else "FAIL", f"{name}: logits routed equal a CPU load's",
+           difference(routed_logits, reference))
+    for (index, mix), a, b in zip(mixers, fast, routed):
+        report("PASS" if close(a, b) else "FAIL", f"{name}: layer {index} ({_device(mix)}) fast-path states equal routed ones",
+               difference(a, b))
+
+    first_on: dict = {}
+    for index, mix in mixers:
+        first_on.setdefault(_device(mix).type, (index, mix))
+    for device_type, (index, mix) in sorted(first_on.items()):
+        with fast_kernels(), nnterp.fast_states(model), torch.no_grad(), model.trace(PROMPT):
+            first = mix.state_after(0)
+            mix.set_state_after(1, 2 * first)
+            after = mix.state_after(1).save()
+            doubled = (2 * first).save()
+        report("PASS" if torch.equal(after.cpu(), doubled.cpu()) else "FAIL",
+               f"{name}: set_state_after on layer {index} ({device_type}) with a value built on its own device")
+        if device_type != "cpu":
+            try:
+                with nnterp.fast_states(model), torch.no_grad(), model.trace(PROMPT):
+                    mix.set_state_after(1, torch.zeros_like(mix.state_after(0)).cpu())
+            except Exception as error:  # noqa: BLE001 - the message is what is checked
+                good = ".to(" in str(error)
+                report("PASS" if good else "FAIL", f"{name}: a CPU value written to layer {index} names the .to(...)", str(error)[:200])
+            else:
+                report("FAIL", f"{name}: a CPU value written to layer {index} ({device_type}) was accepted")
+
+
+def _device(mix):
+    import torch
+
+    parameter = next(mix._module.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
+
+
+def close(a, b) -> bool:
+    import torch
+
+    return torch.allclose(a.float().cpu(), b.float().cpu(), **TOLERANCE)
+
+
+def difference(a, b) -> str:
+    return f"max abs diff {(a.float().cpu() - b.float().cpu()).abs().max().item():.2e}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
