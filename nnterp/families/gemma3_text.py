@@ -46,7 +46,7 @@ class Gemma3Text(Llama):
         # One sliding-window block then the full one (the released order, cut to two), the window
         # shorter than the test prompts; no logit softcapping, as released.
         return dict(
-            super().tiny_sizes(),
+            super(Gemma3Text, cls).tiny_sizes(),
             head_dim=16,
             query_pre_attn_scalar=16,
             sliding_window=4,

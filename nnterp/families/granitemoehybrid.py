@@ -15,7 +15,7 @@ class GraniteMoeHybridLayer(Layer):
     MLP = "block_sparse_moe"
 
     def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+        super(GraniteMoeHybridLayer, self).__init__(*args, **kwargs)
         if self.mlp is None:  # no experts (num_local_experts=0): the shared MLP is the whole feed-forward
             object.__setattr__(self, "mlp", self._child_map.get("shared_mlp"))
 

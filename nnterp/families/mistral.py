@@ -42,4 +42,4 @@ class Mistral(Llama):
     @classmethod
     def tiny_sizes(cls) -> dict:
         # A window shorter than the test prompts, so the window is exercised.
-        return dict(super().tiny_sizes(), sliding_window=4)
+        return dict(super(Mistral, cls).tiny_sizes(), sliding_window=4)

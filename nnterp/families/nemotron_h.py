@@ -15,7 +15,7 @@ class NemotronHLayer(Layer):
     MLP = "mixer"
 
     def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+        super(NemotronHLayer, self).__init__(*args, **kwargs)
         if self.self_attn is not None or self.linear_attn is not None:
             object.__setattr__(self, "mlp", None)  # the `mixer` child is the block's sequence mixer, not an MLP
 

@@ -39,4 +39,4 @@ class Olmo3(Llama):
     def tiny_sizes(cls) -> dict:
         # Four blocks, the config's own 3:1 pattern (three sliding, then one full), with a
         # window shorter than the test prompts so that the sliding layers differ from the full one.
-        return dict(super().tiny_sizes(), num_hidden_layers=4, sliding_window=4)
+        return dict(super(Olmo3, cls).tiny_sizes(), num_hidden_layers=4, sliding_window=4)

@@ -36,4 +36,4 @@ class Qwen3(Llama):
     @classmethod
     def tiny_sizes(cls) -> dict:
         # head_dim 16 = 64 / 4 here; it is its own field in Qwen3's config.
-        return dict(super().tiny_sizes(), head_dim=16)
+        return dict(super(Qwen3, cls).tiny_sizes(), head_dim=16)

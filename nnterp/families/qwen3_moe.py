@@ -36,4 +36,4 @@ class Qwen3Moe(Qwen3):
     @classmethod
     def tiny_sizes(cls) -> dict:
         # Every block sparse, as released; four experts, two per token.
-        return dict(super().tiny_sizes(), num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1)
+        return dict(super(Qwen3Moe, cls).tiny_sizes(), num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1)
