@@ -72,7 +72,7 @@ class FalconH1(Bamba):
             mamba_chunk_size=8,  # small, so ordinary prompts span several chunks
             # Multipliers none of them 1, so a misplaced one shows.
             embedding_multiplier=2.0,
-            lm_head_multiplier=0.5,
+            lm_head_multiplier=2.0,  # > 1 keeps the random head informative (0.5 flattens it)
             mlp_multipliers=[0.8, 0.6],
             key_multiplier=0.7,
             attention_in_multiplier=1.2,
