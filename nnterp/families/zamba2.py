@@ -13,7 +13,12 @@ from .base import TINY
 
 
 class Zamba2Layer(Layer):
-    """A Zamba2 block: a Mamba-2 block, or a hybrid one (the shared transformer block, a linear map, then a Mamba-2 block)."""
+    """A Zamba2 block: a Mamba-2 block, or a hybrid one (the shared transformer block, a linear map, then a Mamba-2 block).
+
+    A hybrid's parts are its children's: ``linear_attn`` is its Mamba-2 block's
+    mixer (that block, HF's ``mamba_decoder``, is itself a `Zamba2Layer` envoy),
+    ``self_attn`` and ``mlp`` the shared block's attention and feed-forward.
+    """
 
     MLP = None
 
