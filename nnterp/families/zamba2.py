@@ -23,7 +23,7 @@ class Zamba2Layer(Layer):
     MLP = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        super(Zamba2Layer, self).__init__(*args, **kwargs)
         mamba = self._child_map.get("mamba_decoder")  # a hybrid's Mamba-2 block (itself a Zamba2Layer envoy)
         shared = self._child_map.get("shared_transformer")
         if mamba is not None:
