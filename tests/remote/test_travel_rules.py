@@ -103,7 +103,11 @@ def test_a_value_pickles_without_its_annotation():
     for value in (StandardizedTransformer.__dict__["logits"], StandardizedTransformer.__dict__["next_token_probs"],
                   RecurrentMixer.__dict__["states"]):
         assert value.annotation is not None
-        copy = pickle.loads(cloudpickle.dumps(value))
+        # Rebuilt from its reduction, not unpickled: unpickling a class shipped by value in this process would
+        # overwrite the live class's attributes (cloudpickle's class tracking), and every later test would see it.
+        rebuild, args = value.__reduce__()
+        copy = rebuild(*args)
         assert type(copy) is type(value) and copy.annotation is None
         assert vars(copy).keys() == vars(value).keys()
         assert (copy.name, copy.description, copy.writable) == (value.name, value.description, value.writable)
+        cloudpickle.dumps(value)  # and it pickles
