@@ -185,6 +185,9 @@ class RecurrentMixer(Standard):
         """This call's inputs, read once per call at the mixer's input: the first request of every value."""
 
         def read() -> dict:
+            # Instrument the forward before it runs, whatever value is read first (a convolution window reads
+            # no kernel op): otherwise a first trace runs it uninstrumented and a later kernel read is lost.
+            self.source
             args, kwargs = self.inputs
             bound = signature_binding(type(self._module).forward, self._module, args, kwargs)
             hidden = bound.get("hidden_states", args[0] if args else None)

@@ -20,11 +20,7 @@ other. Routing inside a running trace raises.
 
 from __future__ import annotations
 
-import signal
-import threading
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
@@ -32,6 +28,7 @@ from nnsight.intervention.source import STATE
 
 from ..core.calls import in_trace
 from ..core.errors import NnterpError, RoutingError
+from ..core.interrupts import interrupts_held
 from ..core.local import LocalWeakSet
 from .kernels import STASH, compiled_package, torch_function
 from .labels import labels_for
@@ -188,7 +185,7 @@ def _rebind(modeling: ModuleType, target: dict[str, Any]) -> None:
     ``"default"`` also repairs a mixer left compiled over the routed kernels.
     """
     previous = {name: modeling.__dict__[name] for name in target}
-    with _interrupts_held():
+    with interrupts_held():
         try:
             for name, fn in target.items():
                 setattr(modeling, name, fn)
@@ -198,26 +195,6 @@ def _rebind(modeling: ModuleType, target: dict[str, Any]) -> None:
                 setattr(modeling, name, fn)
             reinstrument(modeling, set(target))
             raise
-
-
-@contextmanager
-def _interrupts_held() -> Iterator[None]:
-    """Hold SIGINT until the block ends, then raise it (main thread only; elsewhere a no-op)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list = []
-    try:
-        previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    except ValueError:  # not the main interpreter
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if received:
-            raise KeyboardInterrupt
 
 
 def reinstrument(modeling: ModuleType, names: set[str]) -> int:

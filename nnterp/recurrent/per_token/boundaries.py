@@ -160,13 +160,17 @@ class ChunkBoundaries(PerToken):
             # tracer.iter[:] ends as it does on a DeltaNet, with nnsight's "never reached".
             with pinned(call.strategy["first"] + t + 1):
                 return call.strategy["op"].output
+        # The read relaxes tracer.iter's pin: an assignment after it in the loop body means this token.
+        call.strategy["iterated"] = t
         with pinned(None):
             return self.state_after(mixer, t)
 
     def set_state(self, mixer: Any, value: torch.Tensor) -> None:
         self.require(mixer, "state")
-        t = mediator("`linear_attn.state`").iteration or 0
+        pinned_t = mediator("`linear_attn.state`").iteration
         with pinned(None):
+            call, _ = self.boundaries(mixer)
+            t = pinned_t if pinned_t else call.strategy.get("iterated", 0)
             self.set_state_after(mixer, t, value)
 
 

@@ -123,9 +123,10 @@ class FromArguments(PerToken):
         if position in call.writes:
             return call.writes[position]
         lo, hi, initial = self._segments(call, position + 1)[-1]
-        final = self._run_kernel(mixer, call, lo, hi, initial, True)
+        final = self._run_kernel(mixer, call, lo, hi, initial, True)[type(mixer).FINAL_STATE]
         call.advance(position, what)
-        return final[type(mixer).FINAL_STATE]
+        call.strategy.setdefault("read", {})[position] = final
+        return final
 
     # -- writes -------------------------------------------------------------------------
 
@@ -142,10 +143,14 @@ class FromArguments(PerToken):
         call.check_open(what)
         if call.states_read:
             raise OrderError(order_hint(what, "states"))
-        if call.furthest is not None and call.furthest[0] >= position:
+        # A read of this very position (read-modify-write) stays valid: the split leaves tokens up to it as computed.
+        if call.furthest is not None and call.furthest[0] > position:
             raise OrderError(order_hint(what, call.furthest[1]))
         if call.writes and max(call.writes) >= position:
             raise OrderError(order_hint(what, f"set_state_after({max(call.writes)}, value)"))
+        read = call.strategy.get("read", {}).get(position)
+        if read is not None and position not in call.writes and torch.equal(value, read):
+            return  # writing back the state this call computes: the call already continues from it, bit for bit
         call.writes[position] = value
         result = self._split_result(mixer, call)
         if not call.strategy["served"] and _covers_the_batch():

@@ -116,7 +116,8 @@ class TokenLoop(PerToken):
         call = self.require(mixer, "set_state_after")
         position = call.position(t, what)
         check_expected(what, value, *call.expected)
-        self._reach(call, position, what)
+        # Token t itself may have been read (read-modify-write): what must still come is token t + 1's start.
+        call.check_open(what)
         if position + 1 < call.seq:
             self._reach(call, position + 1, what, op=mixer._continue_op(call))
             mixer._continue_from(call, position, value)
@@ -132,15 +133,23 @@ class TokenLoop(PerToken):
 
     def state(self, mixer: Any) -> torch.Tensor:
         self.require_iteration(mixer)
-        return Mediator.value(f"{mixer.path}.{self.location(mixer)}")
+        occurrence = mediator("`linear_attn.state`").iteration or 0
+        location = self.location(mixer)
+        with pinned(None):
+            call = self.record(mixer)
+        # The read relaxes tracer.iter's pin: an assignment after it in the loop body means this token.
+        call.strategy["iterated"] = occurrence - call.strategy["first"]
+        with pinned(occurrence or None):
+            return Mediator.value(f"{mixer.path}.{location}")
 
     def set_state(self, mixer: Any, value: torch.Tensor) -> None:
         # One meaning on every mixer: the token tracer.iter pins is `set_state_after`'s t.
         self.require_iteration(mixer)
-        occurrence = mediator("`linear_attn.state`").iteration or 0
+        occurrence = mediator("`linear_attn.state`").iteration
         with pinned(None):
             call = self.record(mixer)
-            self.set_state_after(mixer, occurrence - call.strategy["first"], value)
+            position = occurrence - call.strategy["first"] if occurrence else call.strategy.get("iterated", 0)
+            self.set_state_after(mixer, position, value)
 
     def require_iteration(self, mixer: Any) -> None:
         reason = self.unavailable(mixer)
