@@ -29,7 +29,7 @@ from torch._guards import detect_fake_mode
 
 from .core.dims import Logits, Probs
 from .core.errors import EmptyPrompt, NnterpError, RoutingError, WrongType
-from .core.values import DerivedEProperty, EProperty
+from .core.values import DerivedEProperty, EProperty, Unwrap
 from .families import family_for
 from .recurrent.routing import refused_device
 from .support import describe, support_table
@@ -68,21 +68,26 @@ def _no_tokens(data: Any) -> bool:
     return False
 
 
-class _Part:
-    """A standard part at the path the family names (``family.LM_HEAD``, ...).
+def _standard_aliases(family: Any) -> dict:
+    """nnsight ``rename`` aliases for the standard parts: ``model.layers`` (the blocks' ``ModuleList``),
+    ``embed_tokens``, ``ln_final``, ``lm_head``; envoys, so ``tracer.cache()`` navigates them too."""
+    return {family.LAYERS: "layers", family.EMBED_TOKENS: "embed_tokens", family.LN_FINAL: "ln_final", family.LM_HEAD: "lm_head"}
 
-    A non-data descriptor: where HF's own child has the same name (``lm_head``)
-    nnsight mounts that envoy on the instance, and it is the same module.
+
+class _OutputLogits(Unwrap):
+    """The ``logits`` field of the model's output, and the output rebuilt around a written one.
+
+    Read from the model's own output, as nnterp 1.x does, so ``model.logits``
+    may be read after ``model.output`` in the same trace.
     """
 
-    def __init__(self, attribute: str, doc: str) -> None:
-        self.attribute = attribute
-        self.__doc__ = doc
+    def get(self, value: Any) -> Any:
+        return value.logits if hasattr(value, "logits") else value[0]
 
-    def __get__(self, model: Any, owner: Any = None) -> Any:
-        if model is None:
-            return self
-        return model._at(getattr(model._family, self.attribute))
+    def put(self, value: Any, element: Any) -> Any:
+        if hasattr(value, "logits"):
+            return type(value)(**{**value, "logits": element})
+        return (element, *value[1:])
 
 
 class StandardizedTransformer(TransformersModel):
@@ -119,6 +124,7 @@ class StandardizedTransformer(TransformersModel):
         if device is not None and not isinstance(model, PreTrainedModel):
             kwargs.setdefault("device_map", device)
         object.__setattr__(self, "_family", family)
+        kwargs["rename"] = {**_standard_aliases(family), **(kwargs.get("rename") or {})}
         super().__init__(model, task="text-generation", tokenizer=tokenizer, dispatch=dispatch, envoys=family.envoys(), **kwargs)
         if device is not None and isinstance(model, PreTrainedModel):
             self._module.to(device)
@@ -131,30 +137,11 @@ class StandardizedTransformer(TransformersModel):
     def _at(self, path: str) -> Any:
         return reduce(getattr, path.split("."), self)
 
-    @property
-    def layers(self) -> Any:
-        """The decoder blocks: indexable, ``len()``-able, iterable."""
-        from .components.layer import Layers
-
-        return Layers(list(self._at(self._family.LAYERS)))
-
-    embed_tokens = _Part("EMBED_TOKENS", "the token embedding")
-    ln_final = _Part("LN_FINAL", "the final norm")
-    lm_head = _Part("LM_HEAD", "the unembedding")
-
-    def _scaled_logits(self, head_output: Any) -> Any:
-        scale = self._family.logits_scale(self._module.config)
-        return head_output if scale == 1 else head_output * scale
-
-    def _head_output(self, logits: Any) -> Any:
-        scale = self._family.logits_scale(self._module.config)
-        return logits if scale == 1 else logits / scale
 
     logits = EProperty(
-        lambda model: f"{model._family.LM_HEAD}.output",
-        preprocess=_scaled_logits,
-        postprocess=_head_output,
-        description="the logits: the unembedding's output (times the family's logits scale, where it has one), [batch, seq, vocab]",
+        "output",
+        select=_OutputLogits(),
+        description="the logits: the causal LM's output logits (the unembedding's output, scaled or soft-capped where the family does), [batch, seq, vocab]",
         annotation=Logits,
     )
 
