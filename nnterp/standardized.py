@@ -27,6 +27,7 @@ import torch
 from nnsight import TransformersModel
 from torch._guards import detect_fake_mode
 
+from .accessors import OneXInterface, check_standard_names, constructor_keywords
 from .core.dims import Logits, Probs
 from .core.errors import EmptyPrompt, NnterpError, RoutingError, WrongType
 from .core.values import DerivedEProperty, EProperty, Unwrap
@@ -90,7 +91,7 @@ class _OutputLogits(Unwrap):
         return (element, *value[1:])
 
 
-class StandardizedTransformer(TransformersModel):
+class StandardizedTransformer(OneXInterface, TransformersModel):
     """A causal language model under standard names (see the module docstring).
 
     Args:
@@ -99,7 +100,12 @@ class StandardizedTransformer(TransformersModel):
         dispatch: load the weights now (``True``) or at the first trace.
         device: where to put the weights (``"cpu"``, ``"cuda:0"``, ...).
         tokenizer: a tokenizer to use instead of the checkpoint's own.
-        **kwargs: passed to ``from_pretrained`` through nnsight.
+        enable_attention_probs: load eager attention, so every softmax attention
+            serves ``attention_probabilities`` (nnterp 1.x's keyword).
+        check_renaming: run one forward at load and check every standard
+            value's shape (nnterp 1.x's keyword; off by default here).
+        **kwargs: passed to ``from_pretrained`` through nnsight; a keyword that
+            is neither a ``from_pretrained`` argument nor a config field is refused.
     """
 
     def __init__(
@@ -115,6 +121,7 @@ class StandardizedTransformer(TransformersModel):
 
         config = _config(model)
         family = family_for(config)
+        enable_attention_probs, check_renaming = constructor_keywords(family.text_config(config), kwargs)
         if tokenizer is None:
             if isinstance(model, PreTrainedModel):
                 raise NnterpError("a loaded model comes without its tokenizer: pass tokenizer=AutoTokenizer.from_pretrained(...)")
@@ -128,6 +135,8 @@ class StandardizedTransformer(TransformersModel):
         super().__init__(model, task="text-generation", tokenizer=tokenizer, dispatch=dispatch, envoys=family.envoys(), **kwargs)
         if device is not None and isinstance(model, PreTrainedModel):
             self._module.to(device)
+        if check_renaming:
+            check_standard_names(self)
 
     @property
     def family(self) -> Any:

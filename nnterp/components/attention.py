@@ -21,12 +21,13 @@ import ast
 import re
 from typing import Any
 
+import torch
 from nnsight.intervention.source import compiled, decorator_chain
 
 from ..core.dims import Hidden
-from ..core.errors import NnterpError
+from ..core.errors import NnterpError, WrongType
 from ..core.standard import Standard
-from ..core.values import DerivedEProperty, check_tensor, module_output
+from ..core.values import DerivedEProperty, module_output
 from ..recurrent.labels import missing
 
 #: HF attention class -> (the label of its ``attention_interface(...)`` call, the label of the
@@ -101,9 +102,11 @@ def _read_probabilities(envoy: Any) -> Any:
 
 
 def _write_probabilities(envoy: Any, value: Any) -> None:
-    op = _matmul(envoy)
-    check_tensor("`self_attn.attention_probabilities`", value, op.input)
-    op.input = value
+    # Not checked against the current weights: an operation's input inside the source is
+    # served once, and the usual write follows a read of it.
+    if not isinstance(value, torch.Tensor) or value.dim() != 4:
+        raise WrongType(f"`self_attn.attention_probabilities` takes a [batch, heads, seq, seq] tensor, got {getattr(value, 'shape', type(value).__name__)}")
+    _matmul(envoy).input = value
 
 
 class Attention(Standard):
