@@ -207,12 +207,12 @@ def _value_reader(spec: str) -> tuple[int, Callable[[Any], Any]]:
     return _ORDER[part], read
 
 
-def _at(value: Any, idx: int, spec: str, model: Any) -> Any:
-    """The token ``idx`` of a per-token value ``[batch, seq, ...]``; a value without a sequence axis (a state) whole."""
-    if value is None:
-        return None
-    seq = model.input_size[1]
-    return value[:, idx] if value.dim() >= 2 and value.shape[1] == seq and "state" not in spec else value
+def _per_token(envoy: Any, spec: str) -> bool:
+    """Whether a value is documented ``[batch, seq, ...]`` (its jaxtyping annotation), so one token is taken."""
+    name = spec.rpartition(".")[2]
+    value = type(envoy).values().get(name)
+    dims = getattr(getattr(value, "annotation", None), "dim_str", "")
+    return dims.split()[:2] == ["batch", "seq"]
 
 
 @torch.no_grad()
@@ -234,7 +234,7 @@ def get_token_activations(
     ``"layer_output"``, ``"self_attn.attention_output"``, ``"mlp.mlp_output"``,
     ``"linear_attn.state_output"``): ``{value: {layer: tensor}}`` over the
     layers that have the value's part, each ``[prompts, ...]`` at token
-    ``idx`` (a value without a sequence axis, a recurrent state, whole).
+    ``idx`` where the value is documented ``[batch, seq, ...]`` (a value without a sequence axis, a recurrent state, whole).
     Batched prompts are left-padded, so ``idx=-1`` is every prompt's last token.
     Inside a trace, pass ``tracer=`` and no prompts: the values come back unsaved.
     """
@@ -272,7 +272,9 @@ def get_token_activations(
                 value = read(block)
                 if value is None and getattr(block, spec.rpartition(".")[0] or "layer_output", None) is None:
                     continue  # this layer has no such part (a hybrid)
-                value = _at(value, idx, spec, model)
+                envoy = block if "." not in spec else getattr(block, spec.rpartition(".")[0])
+                if value is not None and _per_token(envoy, spec):
+                    value = value[:, idx]
                 found[spec][layer] = value if tracer is not None or value is None else value.cpu().save()
 
     if tracer is not None:

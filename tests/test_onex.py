@@ -343,3 +343,61 @@ def test_the_cache_is_reachable_under_the_standard_names(model_type, load):
         torch.testing.assert_close(_first(cache.model.layers[i].output), expected, rtol=0, atol=0)
     assert cache.model.lm_head.output.shape[-1] == model.vocab_size
     assert cache.model.ln_final.output.shape[-1] == model.hidden_size
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_logit_lens_is_each_layer_output_through_the_final_norm_and_unembedding(model_type, load, plains):
+    from nnterp.interventions import logit_lens
+
+    model, plain = load(model_type), plains(model_type)
+    prompts = [PROMPT, "Hello"]
+    probs = logit_lens(model, prompts)
+    assert probs.shape == (2, model.num_layers, model.vocab_size)
+    with torch.no_grad(), model.trace(prompts):
+        batch = model.inputs[1].save()  # left-padded, with the positions the project passes (as generate does)
+    paths = [_paths(model, i)["layer"] for i in range(model.num_layers)]
+    outputs, hooks = _capture(plain, paths)
+    try:
+        with torch.no_grad():
+            ref = plain(**batch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    norm, head = plain.get_submodule(model.family.LN_FINAL), plain.get_submodule(model.family.LM_HEAD)
+    scale = model.family.logits_scale(plain.config)
+    with torch.no_grad():
+        manual = torch.stack([torch.softmax(head(norm(outputs[path][:, -1])) * scale, -1) for path in paths], 1)
+    torch.testing.assert_close(probs[:, :-1], manual[:, :-1], rtol=0, atol=1e-5)
+    torch.testing.assert_close(probs[:, -1], torch.softmax(ref.logits[:, -1], -1), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_token_activations_by_value_and_patchscope(model_type, load):
+    from nnterp.interventions import (
+        collect_token_activations_batched,
+        get_token_activations,
+        patchscope_lens,
+        repeat_prompt,
+    )
+
+    model = load(model_type)
+    prompts = [PROMPT, "Hello", "My favourite food is pizza with", "A"]
+    default = collect_token_activations_batched(model, prompts, batch_size=3)
+    assert default.shape == (model.num_layers, 4, model.hidden_size)
+    specs = ["layer_output", "mlp.mlp_output"] + (["linear_attn.state_output"] if model.family.MIXER else [])
+    batched = collect_token_activations_batched(model, prompts, batch_size=3, values=specs, tqdm=True)
+    for index, prompt in enumerate(prompts):  # each prompt alone: left padding changes nothing
+        alone = get_token_activations(model, prompt, values=specs)
+        for spec in specs:
+            assert set(alone[spec]) == set(batched[spec]) == {i for i, b in enumerate(model.layers) if spec == "layer_output" or getattr(b, spec.split(".")[0]) is not None}
+            for layer, value in alone[spec].items():
+                torch.testing.assert_close(batched[spec][layer][index], value[0], rtol=0, atol=1e-4)
+        for layer in range(model.num_layers):
+            torch.testing.assert_close(default[layer, index], alone["layer_output"][layer][0], rtol=0, atol=1e-4)
+    # patchscope at every layer: the target's patched position holds the source's hidden state
+    probs = patchscope_lens(model, source_prompts=prompts[:2], target_patch_prompts=repeat_prompt(), layers=[0, model.num_layers - 1])
+    assert probs.shape == (2, 2, model.vocab_size)
+    with torch.no_grad(), model.trace(repeat_prompt().prompt):
+        model.layers_output[model.num_layers - 1][:, -1] = default[model.num_layers - 1, 0]
+        expected = model.next_token_probs.save()
+    torch.testing.assert_close(probs[0, 1], expected[0], rtol=0, atol=1e-5)
