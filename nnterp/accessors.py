@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from .core.errors import NnterpError, ShapeError
+from .core.errors import NnterpError, PositionError, ShapeError
 
 
 def _mixer(layer: Any) -> Any:
@@ -65,6 +65,8 @@ class LayerAccessor:
 
     def get_module(self, layer: int) -> Any:
         """The envoy this accessor reads on layer ``layer`` (the block, its mixer, its MLP; ``None`` where the block has no such part)."""
+        if not -len(self) <= layer < len(self):
+            raise PositionError(f"`{self.name}[{layer}]`: the model has {len(self)} layers")
         block = self.model.layers[layer]
         if self.part is None:
             return block
