@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["state_norms", "head_norms", "patch_effect", "token_label"]
+__all__ = ["state_norms", "head_norms", "patch_effect", "logit_lens", "token_label"]
 
 INSTALL = 'pip install "nnterp[plot]"'
 
@@ -228,4 +228,49 @@ def _bars(Figure: Any, labels: list, values: Any, label: str, title: str) -> Any
     ax.set_ylabel(label)
     ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+@torch.no_grad()
+def logit_lens(model: Any, prompt: str, *, layers: Sequence[int] | None = None, title: str = "Logit lens") -> Any:
+    """The logit lens of one prompt, layers × positions: each cell the top token and its probability.
+
+    Each layer's output at each position goes through the family's final norm
+    and unembedding (``model.project_on_vocab``); the cell is coloured by the
+    top token's probability and labelled with the token. Works on every
+    family: on a hybrid, the recurrent blocks' rows read the residual stream
+    after the recurrent mixer and the MLP as the attention blocks' rows do.
+
+    Args:
+        model: a `StandardizedTransformer`.
+        prompt: one prompt.
+        layers: the layers to show (all by default).
+        title: the figure title.
+
+    Returns:
+        a matplotlib ``Figure`` (rows: layers, first at the bottom; columns: positions).
+    """
+    Figure = _pyplot()
+    layers = list(range(model.num_layers)) if layers is None else [i % model.num_layers for i in layers]
+    rows: list = []
+    with model.trace(prompt):
+        for layer in sorted(layers):
+            rows.append(model.project_on_vocab(model.layers_output[layer][0]).float().softmax(-1).cpu().save())
+    top = torch.stack(rows).max(-1)  # [layers, seq]
+    ids = model.tokenizer(prompt, return_tensors="pt").input_ids[0]
+    names = _token_labels(model.tokenizer.convert_ids_to_tokens(ids), len(ids))
+    fig = Figure(figsize=(max(5.0, 0.9 * len(names) + 2.5), max(2.6, 0.45 * len(layers) + 1.6)), layout="constrained")
+    ax = fig.add_subplot()
+    image = ax.imshow(top.values.numpy(), aspect="auto", cmap="Blues", vmin=0.0, vmax=1.0, origin="lower", interpolation="nearest")
+    for row in range(top.values.shape[0]):
+        for column in range(top.values.shape[1]):
+            word = token_label(model.tokenizer.convert_ids_to_tokens(int(top.indices[row, column])))
+            ax.text(column, row, word[:8], ha="center", va="center", fontsize=7,
+                    color="white" if float(top.values[row, column]) > 0.6 else "black")
+    ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(len(layers)), [str(layer) for layer in sorted(layers)], fontsize=8)
+    ax.set_xlabel("position (input token)")
+    ax.set_ylabel("layer")
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax, label="probability of the top token")
     return fig

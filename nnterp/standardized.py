@@ -28,10 +28,10 @@ import torch
 from nnsight import TransformersModel
 from torch._guards import detect_fake_mode
 
-from .components.layer import Layers
+from .accessors import OneXInterface, check_standard_names, constructor_keywords
 from .core.dims import Logits, Probs
 from .core.errors import EmptyPrompt, NnterpError, RoutingError, WrongType
-from .core.values import DerivedEProperty, EProperty
+from .core.values import DerivedEProperty, EProperty, Unwrap
 from .families import family_for
 from .recurrent.routing import refused_device
 from .recurrent.settings import mark_remote
@@ -78,24 +78,29 @@ def _register_for_remote() -> None:
     register(__name__.partition(".")[0])
 
 
-class _Part:
-    """A standard part at the path the family names (``family.LM_HEAD``, ...).
+def _standard_aliases(family: Any) -> dict:
+    """nnsight ``rename`` aliases for the standard parts: ``model.layers`` (the blocks' ``ModuleList``),
+    ``embed_tokens``, ``ln_final``, ``lm_head``; envoys, so ``tracer.cache()`` navigates them too."""
+    return {family.LAYERS: "layers", family.EMBED_TOKENS: "embed_tokens", family.LN_FINAL: "ln_final", family.LM_HEAD: "lm_head"}
 
-    A non-data descriptor: where HF's own child has the same name (``lm_head``)
-    nnsight mounts that envoy on the instance, and it is the same module.
+
+class _OutputLogits(Unwrap):
+    """The ``logits`` field of the model's output, and the output rebuilt around a written one.
+
+    Read from the model's own output, as nnterp 1.x does, so ``model.logits``
+    may be read after ``model.output`` in the same trace.
     """
 
-    def __init__(self, attribute: str, doc: str) -> None:
-        self.attribute = attribute
-        self.__doc__ = doc
+    def get(self, value: Any) -> Any:
+        return value.logits if hasattr(value, "logits") else value[0]
 
-    def __get__(self, model: Any, owner: Any = None) -> Any:
-        if model is None:
-            return self
-        return model._at(getattr(model._family, self.attribute))
+    def put(self, value: Any, element: Any) -> Any:
+        if hasattr(value, "logits"):
+            return type(value)(**{**value, "logits": element})
+        return (element, *value[1:])
 
 
-class StandardizedTransformer(TransformersModel):
+class StandardizedTransformer(OneXInterface, TransformersModel):
     """A causal language model under standard names (see the module docstring).
 
     Args:
@@ -109,7 +114,12 @@ class StandardizedTransformer(TransformersModel):
             ``docs/remote.md``): the weights stay unloaded here, nnterp
             travels with each request, and ``support()`` answers for a server
             this process cannot route.
-        **kwargs: passed to ``from_pretrained`` through nnsight.
+        enable_attention_probs: load eager attention, so every softmax attention
+            serves ``attention_probabilities`` (nnterp 1.x's keyword).
+        check_renaming: run one forward at load and check every standard
+            value's shape (nnterp 1.x's keyword; off by default here).
+        **kwargs: passed to ``from_pretrained`` through nnsight; a keyword that
+            is neither a ``from_pretrained`` argument nor a config field is refused.
     """
 
     def __init__(
@@ -127,6 +137,7 @@ class StandardizedTransformer(TransformersModel):
         kwargs.pop("task", None)  # always a causal LM: a model key names its task, and it is this one
         config = _config(model, kwargs.get("revision"))
         family = family_for(config)
+        enable_attention_probs, check_renaming = constructor_keywords(family.text_config(config), kwargs)
         if tokenizer is None:
             if isinstance(model, PreTrainedModel):
                 raise NnterpError("a loaded model comes without its tokenizer: pass tokenizer=AutoTokenizer.from_pretrained(...)")
@@ -139,12 +150,17 @@ class StandardizedTransformer(TransformersModel):
             raise NnterpError("a remote model runs on NDIF's copy of the weights: leave dispatch=False with remote=True")
         object.__setattr__(self, "_family", family)
         object.__setattr__(self, "_nnterp_remote", bool(remote))
-        super(StandardizedTransformer, self).__init__(model, task="text-generation", tokenizer=tokenizer, dispatch=dispatch, envoys=family.envoys(), **kwargs)
+        kwargs["rename"] = {**_standard_aliases(family), **(kwargs.get("rename") or {})}
+        super(StandardizedTransformer, self).__init__(
+            model, task="text-generation", tokenizer=tokenizer, dispatch=dispatch, envoys=family.envoys(), **kwargs
+        )
         if device is not None and isinstance(model, PreTrainedModel):
             self._module.to(device)
         if remote:
             mark_remote(self)
             _register_for_remote()
+        if check_renaming:
+            check_standard_names(self)
 
     @property
     def family(self) -> Any:
@@ -155,32 +171,14 @@ class StandardizedTransformer(TransformersModel):
         return reduce(getattr, path.split("."), self)
 
     @property
-    def layers(self) -> Any:
-        """The decoder blocks: indexable, ``len()``-able, iterable."""
-        return Layers(list(self._at(self._family.LAYERS)))
-
-    @property
     def remote(self) -> bool:
         """Whether this model was built with ``remote=True``: its runs default to NDIF, and `support()` answers for a server."""
         return self.__dict__.get("_nnterp_remote", False)
 
-    embed_tokens = _Part("EMBED_TOKENS", "the token embedding")
-    ln_final = _Part("LN_FINAL", "the final norm")
-    lm_head = _Part("LM_HEAD", "the unembedding")
-
-    def _scaled_logits(self, head_output: Any) -> Any:
-        scale = self._family.logits_scale(self._module.config)
-        return head_output if scale == 1 else head_output * scale
-
-    def _head_output(self, logits: Any) -> Any:
-        scale = self._family.logits_scale(self._module.config)
-        return logits if scale == 1 else logits / scale
-
     logits = EProperty(
-        lambda model: f"{model._family.LM_HEAD}.output",
-        preprocess=_scaled_logits,
-        postprocess=_head_output,
-        description="the logits: the unembedding's output (times the family's logits scale, where it has one), [batch, seq, vocab]",
+        "output",
+        select=_OutputLogits(),
+        description="the logits: the causal LM's output logits (the unembedding's output, scaled or soft-capped where the family does), [batch, seq, vocab]",
         annotation=Logits,
     )
 

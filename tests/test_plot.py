@@ -87,3 +87,19 @@ def test_without_matplotlib_the_error_names_the_extra(monkeypatch):
     module = importlib.reload(plot)  # importing nnterp.plot itself needs no matplotlib
     with pytest.raises(ImportError, match=r'pip install "nnterp\[plot\]"'):
         module.head_norms(torch.ones(1, 2, 3, 3))
+
+
+def test_logit_lens_plot_is_the_projection_of_every_layer_at_every_position(load, tmp_path):
+    from nnterp.plot import logit_lens
+
+    model = load("qwen3_5_text")
+    prompt = "The Eiffel Tower is in"
+    fig = logit_lens(model, prompt)
+    ax = fig.axes[0]
+    grid = ax.images[0].get_array()
+    n = len(model.tokenizer(prompt).input_ids)
+    assert grid.shape == (model.num_layers, n) and len(ax.texts) == model.num_layers * n
+    with torch.no_grad(), model.trace(prompt):
+        probs = model.next_token_probs.save()
+    assert abs(float(grid[-1, -1]) - float(probs[0].max())) < 1e-5  # the last layer's last position: the model's prediction
+    fig.savefig(tmp_path / "lens.png")

@@ -5,13 +5,108 @@ transformers' attention modules return and rewrapped on write.
 
 * ``attention_output`` ``[batch, seq, hidden]``: what the block adds to the
   residual stream (after its output projection).
+* ``attention_probabilities`` ``[batch, heads, seq, seq]``: the softmax
+  weights (after dropout, as HF's eager attention multiplies them with the
+  values), read and written where the model runs eager attention (load it
+  with ``StandardizedTransformer(..., enable_attention_probs=True)``). A write
+  changes the block's output as eager attention would with those weights. The
+  weights are the first argument of the ``torch.matmul(weights, values)`` call
+  inside the family's ``eager_attention_forward``, found from the installed
+  release's source (as `nnterp.recurrent.labels` finds kernel labels).
 """
 
 from __future__ import annotations
 
+import ast
+import re
+from typing import Any
+
+import torch
+from nnsight.intervention.source import compiled, decorator_chain
+
 from ..core.dims import Hidden
+from ..core.errors import NnterpError, WrongType
 from ..core.standard import Standard
-from ..core.values import module_output
+from ..core.values import DerivedEProperty, module_output
+from ..recurrent.labels import missing
+
+#: HF attention class -> (the label of its ``attention_interface(...)`` call, the label of the
+#: ``torch.matmul(weights, values)`` call in its eager function), or the error saying why not.
+_FOUND: dict[type, tuple[str, str] | NnterpError] = {}
+
+
+def _call_labels(fn: Any, accept: Any) -> list[str]:
+    """The nnsight labels, in execution order, of the calls in ``fn`` whose AST node ``accept`` accepts."""
+    info = compiled(fn)
+    tree = ast.parse(info.source)
+    lines = {node.lineno: node for node in ast.walk(tree) if isinstance(node, ast.Call) and accept(node)}
+    return [name for name in info.names if info.lines.get(name) in lines and re.match(r"^.+_\d+$", name)]
+
+
+def probability_labels(hf_attention: type) -> tuple[str, str]:
+    """``(interface call, weights-times-values matmul)`` labels of an HF attention class, found once."""
+    found = _FOUND.get(hf_attention)
+    if found is None:
+        inner = decorator_chain(hf_attention.forward)[0]
+        try:
+            calls = [
+                name for name in _call_labels(inner, lambda n: isinstance(n.func, ast.Name) and n.func.id == "attention_interface")
+                if name.startswith("attention_interface_")
+            ]
+            if not calls:
+                raise NnterpError(missing("the `attention_interface(...)` call", inner))
+            eager = inner.__globals__.get("eager_attention_forward")
+            if eager is None:
+                raise NnterpError(missing("`eager_attention_forward`", inner))
+
+            def weights_times_values(node: ast.Call) -> bool:
+                return (
+                    isinstance(node.func, ast.Attribute) and node.func.attr == "matmul" and len(node.args) == 2
+                    and "value" in ast.unparse(node.args[1])
+                )
+
+            matmuls = [name for name in _call_labels(eager, weights_times_values) if "matmul" in name]
+            if not matmuls:
+                raise NnterpError(missing("the `torch.matmul(weights, values)` call", eager))
+            found = (calls[0], matmuls[0])
+        except NnterpError as error:
+            found = error
+        _FOUND[hf_attention] = found
+    if isinstance(found, NnterpError):
+        raise found
+    return found
+
+
+def _probabilities_unavailable(envoy: Any) -> str | None:
+    config = getattr(envoy._module, "config", None)
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation != "eager":
+        return (
+            f"the model runs {implementation!r} attention, which never forms the probabilities; load it with "
+            "StandardizedTransformer(..., enable_attention_probs=True) (eager attention)"
+        )
+    try:
+        probability_labels(type(envoy._module))
+    except NnterpError as error:
+        return str(error)
+    return None
+
+
+def _matmul(envoy: Any) -> Any:
+    interface, matmul = probability_labels(type(envoy._module))
+    return getattr(getattr(envoy.source, interface).source, matmul)
+
+
+def _read_probabilities(envoy: Any) -> Any:
+    return _matmul(envoy).input
+
+
+def _write_probabilities(envoy: Any, value: Any) -> None:
+    # Not checked against the current weights: an operation's input inside the source is
+    # served once, and the usual write follows a read of it.
+    if not isinstance(value, torch.Tensor) or value.dim() != 4:
+        raise WrongType(f"`self_attn.attention_probabilities` takes a [batch, heads, seq, seq] tensor, got {getattr(value, 'shape', type(value).__name__)}")
+    _matmul(envoy).input = value
 
 
 class Attention(Standard):
@@ -20,3 +115,9 @@ class Attention(Standard):
     KIND = "self_attn"
 
     attention_output = module_output("the block's output, [batch, seq, hidden]", Hidden)
+    attention_probabilities = DerivedEProperty(
+        _read_probabilities,
+        assign=_write_probabilities,
+        description="the attention weights each head multiplies the values by, [batch, heads, seq, seq] (eager attention only)",
+        unavailable=_probabilities_unavailable,
+    )

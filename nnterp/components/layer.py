@@ -69,21 +69,3 @@ class Layer(Standard):
         """``{part: envoy}`` for the parts this block has."""
         return {name: getattr(self, name) for name in PARTS if getattr(self, name) is not None}
 
-
-class Layers:
-    """``model.layers``: the decoder blocks, indexable, ``len()``-able, iterable."""
-
-    def __init__(self, envoys: list) -> None:
-        self._envoys = envoys
-
-    def __getitem__(self, index: Any) -> Any:
-        return self._envoys[index]
-
-    def __len__(self) -> int:
-        return len(self._envoys)
-
-    def __iter__(self):
-        return iter(self._envoys)
-
-    def __repr__(self) -> str:
-        return f"Layers({len(self)})"

@@ -80,8 +80,16 @@ class Family:
 
     @classmethod
     def envoys(cls) -> dict:
-        """nnsight's ``envoys=`` map: HF module class -> the component that serves it."""
-        return {**{block: cls.LAYER for block in cls.DECODER_LAYERS}, **cls.COMPONENTS}
+        """nnsight's ``envoys=`` map: HF module class -> the component that serves it.
+
+        The module at each block's ``LAYER.MLP`` attribute gets `~nnterp.components.mlp.MLP`
+        by path (``"model.layers.*.mlp"``), whatever its class, unless ``COMPONENTS``
+        maps its class (a class key wins in nnsight's lookup: Nemotron-H's ``mixer``).
+        """
+        from ..components.mlp import MLP
+
+        by_path = {f"{cls.LAYERS}.*.{cls.LAYER.MLP}": MLP} if getattr(cls.LAYER, "MLP", None) else {}
+        return {**{block: cls.LAYER for block in cls.DECODER_LAYERS}, **cls.COMPONENTS, **by_path}
 
     @classmethod
     def text_config(cls, config: Any) -> Any:
@@ -92,6 +100,11 @@ class Family:
     def logits_scale(cls, config: Any) -> float:
         """The factor the causal LM multiplies the unembedding's output by to give its logits (1 on most families)."""
         return 1.0
+
+    @classmethod
+    def logits_softcap(cls, config: Any) -> float | None:
+        """The cap ``c`` where the causal LM soft-caps its logits (``c * tanh(logits / c)``, after `logits_scale`), else ``None``."""
+        return None
 
     @classmethod
     def layer_parts(cls, config: Any) -> list[set[str]]:

@@ -20,8 +20,8 @@ class Gemma3(Gemma3Text):
     under ``model.language_model`` and ``lm_head`` is the composite's. Its blocks,
     embedding scale and attention are `gemma3_text`'s; on text-only input the
     logits are the text model's. ``Gemma3ForConditionalGeneration`` applies no
-    final logit softcapping at all, so ``logits`` (the ``lm_head`` output) are
-    its logits whatever ``final_logit_softcapping`` says. The vision tower is
+    final logit softcapping at all, so ``logits`` (its output logits) are the
+    ``lm_head`` output whatever ``final_logit_softcapping`` says. The vision tower is
     not wrapped: nnterp reads the text stack.
     """
 
@@ -36,6 +36,10 @@ class Gemma3(Gemma3Text):
 
     DECODER_LAYERS = (MODELING.Gemma3DecoderLayer,)
     COMPONENTS = {MODELING.Gemma3Attention: Attention}
+
+    @classmethod
+    def logits_softcap(cls, config) -> None:
+        return None  # Gemma3ForConditionalGeneration caps nothing
 
     @classmethod
     def text_config(cls, config):

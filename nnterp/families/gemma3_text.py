@@ -20,9 +20,9 @@ class Gemma3Text(Llama):
     and ``config.layer_types`` makes five blocks in every six attend within a
     sliding window (with their own RoPE base) and the sixth to the whole prefix.
     ``Gemma3ForCausalLM`` soft-caps the logits *after* the unembedding when
-    ``config.final_logit_softcapping`` is set, so ``model.logits`` (the
-    ``lm_head`` output) is the value before that cap; no released Gemma 3 sets
-    it (``None``), and then ``logits`` are the model's. Blocks are ``self_attn``
+    ``config.final_logit_softcapping`` is set; ``model.logits`` (the model's
+    output logits) are after that cap and ``lm_head``'s output before it; no
+    released Gemma 3 sets it (``None``). Blocks are ``self_attn``
     then a gated ``mlp``; no recurrent state. The hub ships most Gemma 3
     checkpoints as a vision-language composite, served by `gemma3`.
     """
@@ -33,6 +33,10 @@ class Gemma3Text(Llama):
 
     DECODER_LAYERS = (MODELING.Gemma3DecoderLayer,)
     COMPONENTS = {MODELING.Gemma3Attention: Attention}
+
+    @classmethod
+    def logits_softcap(cls, config) -> float | None:
+        return getattr(cls.text_config(config), "final_logit_softcapping", None)
 
     REAL_CHECKPOINTS = {
         "google/gemma-3-1b-pt": RealCheckpoint(

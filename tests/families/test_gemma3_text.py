@@ -42,9 +42,10 @@ class TestGemma3Text(CheckpointFixtures):
         torch.testing.assert_close(embedded, table[ids] * torch.tensor(hidden**0.5, dtype=table.dtype), rtol=0, atol=1e-6)
         torch.testing.assert_close(entering, embedded, rtol=0, atol=0)
 
-    def test_logits_are_before_the_final_softcap_where_a_config_sets_one(self, checkpoint):
+    def test_logits_are_after_the_final_softcap_where_a_config_sets_one(self, checkpoint):
         # No released Gemma 3 sets final_logit_softcapping; where a config does, Gemma3ForCausalLM caps
-        # after lm_head, and model.logits (lm_head's output) is the value before the cap.
+        # after lm_head: model.logits (the model's output logits, as in nnterp 1.x) are after the cap,
+        # lm_head's output before it, and project_on_vocab applies the cap.
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         from nnterp import StandardizedTransformer
@@ -59,6 +60,10 @@ class TestGemma3Text(CheckpointFixtures):
         with torch.no_grad():
             expected = hf(ids).logits
         with torch.no_grad(), capped.trace(ids):
+            last = capped.layers_output[capped.num_layers - 1].save()
+            head = capped.lm_head.output.save()
             logits = capped.logits.save()
-        assert not torch.allclose(logits, expected, atol=1e-3)
-        torch.testing.assert_close(2.0 * torch.tanh(logits / 2.0), expected, rtol=0, atol=1e-6)
+        torch.testing.assert_close(logits, expected, rtol=0, atol=1e-6)
+        assert not torch.allclose(head, expected, atol=1e-3)
+        torch.testing.assert_close(2.0 * torch.tanh(head / 2.0), expected, rtol=0, atol=1e-6)
+        torch.testing.assert_close(capped.project_on_vocab(last).detach(), expected, rtol=0, atol=1e-5)

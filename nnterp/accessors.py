@@ -1,0 +1,362 @@
+"""nnterp 1.x's names on `StandardizedTransformer`, served by the components.
+
+nnterp 1.x (``ndif-team/nnterp``) exposes per-layer values through accessor
+objects indexed by layer (``model.layers_output[3]``, read and written) and a
+few model-level helpers (``steer``, ``skip_layers``, ``project_on_vocab``).
+`OneXInterface` gives `StandardizedTransformer` the same names, with the same
+signatures, each one a thin view of a standard value:
+
+=========================  ==================================================
+1.x name                   nnterp value it reads / writes
+=========================  ==================================================
+``layers_input[i]``        ``layers[i].layer_input``
+``layers_output[i]``       ``layers[i].layer_output``
+``attentions[i]``          layer i's token mixer: ``self_attn``, or the
+                           recurrent mixer ``linear_attn`` on a hybrid
+``attentions_input[i]``    that mixer's first input
+``attentions_output[i]``   that mixer's ``attention_output``
+``mlps[i]``                ``layers[i].mlp``
+``mlps_input[i]``          the MLP's first input
+``mlps_output[i]``         ``layers[i].mlp.mlp_output``
+``attention_probabilities  ``layers[i].self_attn.attention_probabilities``
+[i]``
+=========================  ==================================================
+
+On a hybrid, ``attentions_output[i]`` is the output of layer i's token mixer,
+whichever kind it is: softmax attention or a recurrent mixer (gated DeltaNet,
+Mamba). A layer without the part (a Mamba block's MLP, a Nemotron-H MLP
+block's mixer) raises `NnterpError` naming the layer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .core.errors import NnterpError, PositionError, ShapeError
+
+
+def _mixer(layer: Any) -> Any:
+    return layer.self_attn if layer.self_attn is not None else layer.linear_attn
+
+
+#: Accessor kind -> (the part it reads, the value on it: a standard value name, "input", or None for the envoy).
+_KINDS = {
+    "layers_input": (None, "layer_input"),
+    "layers_output": (None, "layer_output"),
+    "attentions": ("mixer", None),
+    "attentions_input": ("mixer", "input"),
+    "attentions_output": ("mixer", "attention_output"),
+    "mlps": ("mlp", None),
+    "mlps_input": ("mlp", "input"),
+    "mlps_output": ("mlp", "mlp_output"),
+    "attention_probabilities": ("self_attn", "attention_probabilities"),
+}
+
+
+class LayerAccessor:
+    """``model.<name>[i]``: a per-layer value (or part) indexed by layer, as in nnterp 1.x; ``[i] = x`` writes it."""
+
+    def __init__(self, model: Any, name: str) -> None:
+        self.model = model
+        self.name = name
+        self.part, self.value = _KINDS[name]
+
+    def get_module(self, layer: int) -> Any:
+        """The envoy this accessor reads on layer ``layer`` (the block, its mixer, its MLP; ``None`` where the block has no such part)."""
+        if not -len(self) <= layer < len(self):
+            raise PositionError(f"`{self.name}[{layer}]`: the model has {len(self)} layers")
+        block = self.model.layers[layer]
+        if self.part is None:
+            return block
+        envoy = _mixer(block) if self.part == "mixer" else getattr(block, self.part)
+        if envoy is None and self.value is not None:
+            what = {"mixer": "token mixer (attention or recurrent)", "mlp": "MLP", "self_attn": "softmax attention"}[self.part]
+            raise NnterpError(f"layer {layer} has no {what} ({self.model.family.NAME}; its parts: {', '.join(block.parts()) or 'none'}), so no `{self.name}[{layer}]`")
+        return envoy
+
+    def __getitem__(self, layer: int) -> Any:
+        envoy = self.get_module(layer)
+        return envoy if self.value is None else getattr(envoy, self.value)
+
+    def __setitem__(self, layer: int, value: Any) -> None:
+        if self.value is None:
+            raise NnterpError(f"`{self.name}[{layer}]` is a module, not a value: did you mean `{self.name}_output[{layer}]`?")
+        setattr(self.get_module(layer), self.value, value)
+
+    def __call__(self, layer: int) -> Any:
+        return self[layer]
+
+    def __len__(self) -> int:
+        return len(self.model.layers)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def returns_tuple(self) -> bool:
+        """1.x's tuple flag: always ``False``, as every standard value is unwrapped (writes are rewrapped)."""
+        return False
+
+    def __repr__(self) -> str:
+        return f"LayerAccessor({self.name}, {len(self)} layers)"
+
+
+class _Accessor:
+    """A class attribute building the accessor named like it, once per model."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, model: Any, owner: Any = None) -> Any:
+        if model is None:
+            return self
+        cache = model.__dict__.setdefault("_accessors", {})
+        if self.name not in cache:
+            cache[self.name] = LayerAccessor(model, self.name)
+        return cache[self.name]
+
+
+class OneXInterface:
+    """nnterp 1.x's names and helpers, mixed into `StandardizedTransformer` (see the module docstring)."""
+
+    layers_input = _Accessor()
+    layers_output = _Accessor()
+    attentions = _Accessor()
+    attentions_input = _Accessor()
+    attentions_output = _Accessor()
+    mlps = _Accessor()
+    mlps_input = _Accessor()
+    mlps_output = _Accessor()
+    attention_probabilities = _Accessor()
+
+    @property
+    def _text_config(self) -> Any:
+        return self.family.text_config(self._module.config)
+
+    @property
+    def num_layers(self) -> int:
+        """The number of decoder blocks."""
+        return len(self.layers)
+
+    @property
+    def hidden_size(self) -> int:
+        """The residual stream's width."""
+        return self._text_config.hidden_size
+
+    @property
+    def num_heads(self) -> int | None:
+        """The softmax attention's number of query heads (``None`` on a model without attention, Mamba)."""
+        return getattr(self._text_config, "num_attention_heads", None)
+
+    @property
+    def vocab_size(self) -> int:
+        """The unembedding's output size."""
+        return self.lm_head._module.weight.shape[0]
+
+    @property
+    def attn_probs_available(self) -> bool:
+        """Whether ``attention_probabilities`` can be served (the model runs eager attention)."""
+        return getattr(self._text_config, "_attn_implementation", None) == "eager"
+
+    @property
+    def input_ids(self) -> Any:
+        """The batch's token ids, inside a trace."""
+        return self.inputs[1]["input_ids"]
+
+    @property
+    def input_size(self) -> Any:
+        """``(batch, seq)`` of the batch, inside a trace."""
+        return self.input_ids.shape
+
+    @property
+    def attention_mask(self) -> Any:
+        """The batch's attention mask, inside a trace."""
+        return self.inputs[1]["attention_mask"]
+
+    @property
+    def token_embeddings(self) -> Any:
+        """The token embedding's output (read and write), ``embed_tokens.output``."""
+        return self.embed_tokens.output
+
+    @token_embeddings.setter
+    def token_embeddings(self, value: Any) -> None:
+        self.embed_tokens.output = value
+
+    def project_on_vocab(self, hidden_state: Any) -> Any:
+        """Logits of ``hidden_state`` ``[..., hidden]``: the family's final norm and unembedding, then its logits scale and softcap.
+
+        The model's own ``logits`` are this function of the last layer's
+        output. Works inside a trace (on a traced value) and outside (on a tensor).
+        """
+        config = self._module.config
+        logits = self.lm_head(self.ln_final(hidden_state))
+        scale = self.family.logits_scale(config)
+        if scale != 1:
+            logits = logits * scale
+        cap = self.family.logits_softcap(config)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def probs_to_dict(self, tokens: torch.Tensor, probs: torch.Tensor) -> dict[str, float]:
+        """``{token string: probability}`` for token ids and their probabilities."""
+        return {token: prob.item() for token, prob in zip(self.tokenizer.convert_ids_to_tokens(tokens), probs)}
+
+    def get_topk_closest_tokens(self, hidden_state: torch.Tensor, k: int = 5) -> dict | list[dict]:
+        """The ``k`` tokens ``hidden_state`` (``[hidden]`` or ``[batch, hidden]``) projects most onto, with probabilities."""
+        if hidden_state.shape[-1] != self.hidden_size:
+            raise ShapeError(f"hidden state shape {tuple(hidden_state.shape)} does not end with the hidden size {self.hidden_size}")
+        top = torch.topk(self.project_on_vocab(hidden_state).softmax(-1), k=k, dim=-1)
+        if hidden_state.ndim == 1:
+            return self.probs_to_dict(top.indices, top.values)
+        if hidden_state.ndim == 2:
+            return [self.probs_to_dict(top.indices[i], top.values[i]) for i in range(hidden_state.shape[0])]
+        raise ShapeError(f"hidden state of shape {tuple(hidden_state.shape)}: expected [hidden] or [batch, hidden]")
+
+    def steer(
+        self,
+        layers: int | list[int],
+        steering_vector: torch.Tensor,
+        factor: float = 1,
+        positions: int | list[int] | torch.Tensor | None = None,
+        token_positions: int | list[int] | torch.Tensor | None = None,
+        batch_index: int | list[int] | torch.Tensor | None = None,
+    ) -> None:
+        """Add ``factor * steering_vector`` to the residual stream after each of ``layers``, inside a trace.
+
+        ``layers_output[layer] += factor * steering_vector``, at
+        ``token_positions`` (``positions``: its older name) and ``batch_index``
+        where given, everywhere otherwise. In ``generate``, call it inside
+        ``tracer.iter[...]`` / ``tracer.all()`` to steer every step.
+        """
+        if positions is not None:
+            if token_positions is not None:
+                raise NnterpError("pass one of `positions` and `token_positions` (the same argument, 1.x's older and newer name)")
+            token_positions = positions
+        for layer in sorted([layers] if isinstance(layers, int) else layers):  # in execution order
+            output = self.layers_output[layer]
+            vector = factor * steering_vector.to(device=output.device, dtype=output.dtype)
+            if batch_index is None and token_positions is None:
+                output += vector
+            elif batch_index is not None and token_positions is not None:
+                output[batch_index, token_positions] += vector
+            elif token_positions is not None:
+                output[:, token_positions] += vector
+            else:
+                output[batch_index] += vector
+            self.layers_output[layer] = output
+
+    def skip_layer(self, layer: int, skip_with: Any = None) -> None:
+        """Skip layer ``layer``: its output is ``skip_with`` (its own input by default), inside a trace."""
+        self.skip_layers(layer, layer, skip_with)
+
+    def skip_layers(self, start_layer: int, end_layer: int, skip_with: Any = None) -> None:
+        """Skip layers ``start_layer`` to ``end_layer`` (inclusive): the residual stream leaving ``end_layer`` is ``skip_with``.
+
+        ``skip_with`` defaults to the input of ``start_layer``, so the model
+        runs as if those layers were absent. The skipped layers still run
+        (nnterp cannot know before the forward whether a family's block
+        returns a tuple, which nnsight's ``skip`` would need to rebuild);
+        their outputs are replaced, which gives every later value a forward
+        without them would give (their own caches still advance).
+        """
+        if skip_with is None:
+            skip_with = self.layers_input[start_layer]
+        for layer in range(start_layer, end_layer + 1):
+            self.layers_output[layer] = skip_with
+
+
+#: nnterp 1.x constructor keywords nnterp does not serve -> why, and what to do instead.
+_REFUSED = {
+    "rename_config": "nnterp does not rename by configuration: a new architecture is a family, nnterp/families/<model_type>.py",
+    "allow_multimodal": "nnterp serves the text stack of the composites it has a family for (gemma3, qwen3_5); drop the keyword",
+}
+#: 1.x keywords that only tuned 1.x's load-time check, accepted and ignored.
+_IGNORED = ("allow_dispatch", "check_attn_probs_with_trace")
+
+
+def constructor_keywords(config: Any, kwargs: dict) -> tuple[bool, bool]:
+    """Pop nnterp 1.x's keywords from ``kwargs``: ``(enable_attention_probs, check_renaming)``; refuse an unknown one.
+
+    ``enable_attention_probs=True`` loads eager attention (refused beside
+    another ``attn_implementation``). A keyword that is neither nnterp's,
+    nnsight's, a ``from_pretrained`` argument nor a config field is refused
+    now, rather than failing inside ``from_pretrained`` at the first trace.
+    """
+    import inspect
+    import re
+
+    from nnsight import TransformersModel
+    from transformers import PreTrainedModel
+
+    for name in _IGNORED:
+        kwargs.pop(name, None)
+    for name, why in _REFUSED.items():
+        if name in kwargs:
+            raise NnterpError(f"StandardizedTransformer does not take nnterp 1.x's `{name}=`: {why}")
+    enable = bool(kwargs.pop("enable_attention_probs", False))
+    check = bool(kwargs.pop("check_renaming", False))
+    if enable:
+        implementation = kwargs.get("attn_implementation", "eager")
+        if implementation != "eager":
+            raise NnterpError(
+                f"enable_attention_probs=True loads eager attention, and attn_implementation={implementation!r} asks for another: pass one of them"
+            )
+        kwargs["attn_implementation"] = "eager"
+    known = set(inspect.signature(PreTrainedModel.from_pretrained).parameters)
+    known |= set(re.findall(r"^\s+(\w+) \(", PreTrainedModel.from_pretrained.__doc__ or "", re.M))
+    known |= {"trust_remote_code", "torch_dtype", "low_cpu_mem_usage", "output_loading_info", "tp_plan", "tp_size",
+              "gguf_file", "generation_config", "tokenizer_kwargs", "automodel", "rename", "envoys", "dtype", "device_map"}
+    for klass in TransformersModel.__mro__:
+        if "__init__" in vars(klass):
+            known |= set(inspect.signature(klass.__init__).parameters)
+    fields = set(config.to_dict()) if hasattr(config, "to_dict") else set()
+    unknown = sorted(name for name in kwargs if name not in known and name not in fields and not hasattr(config, name))
+    if unknown:
+        raise NnterpError(
+            f"StandardizedTransformer got unknown keyword argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}: "
+            "not an nnterp keyword (dispatch, device, tokenizer, enable_attention_probs, check_renaming), not a "
+            "from_pretrained argument, not a field of the model's config"
+        )
+    return enable, check
+
+
+def check_standard_names(model: Any, prompt: str = "Hello world, this is a check") -> None:
+    """nnterp 1.x's ``check_renaming`` at load: run one forward and check every standard value's shape.
+
+    Every layer's ``layer_input`` / ``layer_output``, its mixer's
+    ``attention_output`` and its MLP's ``mlp_output`` are ``[batch, seq,
+    hidden]``, the logits ``[batch, seq, vocab]``, and under eager attention
+    each ``attention_probabilities`` is ``[batch, heads, seq, seq]`` with rows
+    summing to 1. Raises `NnterpError` naming the first value that is not.
+    """
+    found: list = []
+    with torch.no_grad(), model.trace(prompt):
+        ids = model.inputs[1]["input_ids"]
+        for index, layer in enumerate(model.layers):
+            found.append((f"layers_input[{index}]", "hidden", layer.layer_input.shape))
+            mixer = _mixer(layer)
+            if mixer is not None:
+                if layer.self_attn is not None and model.attn_probs_available:
+                    probs = layer.self_attn.attention_probabilities
+                    found.append((f"attention_probabilities[{index}]", "probs", probs.shape))
+                    found.append((f"attention_probabilities[{index}] row sums", "sums", float((probs.sum(-1) - 1).abs().max())))
+                found.append((f"attentions_output[{index}]", "hidden", mixer.attention_output.shape))
+            if layer.mlp is not None:
+                found.append((f"mlps_output[{index}]", "hidden", layer.mlp.mlp_output.shape))
+            found.append((f"layers_output[{index}]", "hidden", layer.layer_output.shape))
+        found.append(("logits", "logits", model.logits.shape))
+        found.append(("input", "ids", ids.shape))
+    batch, seq = found[-1][2]
+    expected = {
+        "hidden": (batch, seq, model.hidden_size), "logits": (batch, seq, model.vocab_size),
+        "probs": (batch, model.num_heads, seq, seq),
+    }
+    for name, kind, got in found[:-1]:
+        if kind == "sums":
+            if got > 1e-3:
+                raise NnterpError(f"check_renaming: {name} differ from 1 by {got:.2g}")
+        elif tuple(got) != expected[kind]:
+            raise NnterpError(f"check_renaming: {name} has shape {tuple(got)}, expected {expected[kind]} on {model.family.NAME}")

@@ -1,0 +1,322 @@
+"""nnterp 1.x's intervention helpers, on every family: logit lens, patchscopes, token activations.
+
+Same names, signatures and semantics as ``nnterp.interventions`` and
+``nnterp.nnsight_utils`` of nnterp 1.x, on `StandardizedTransformer`:
+
+* `logit_lens`: ``[prompts, layers, vocab]`` next-token probabilities read
+  from every layer's output at the last token (the family's final norm,
+  unembedding, logits scale and softcap: ``model.project_on_vocab``).
+* `patchscope_lens` with `TargetPrompt` / `repeat_prompt` / `TargetPromptBatch`.
+* `get_token_activations` / `collect_token_activations_batched`: one token's
+  activations per prompt and layer; with ``values=`` any standard value
+  (``"layer_output"``, ``"self_attn.attention_output"``, ``"mlp.mlp_output"``,
+  ``"linear_attn.state_output"``, ...), returned as ``{value: {layer: tensor}}``.
+
+The steering and skipping helpers are methods: ``model.steer``,
+``model.skip_layer`` / ``model.skip_layers``. ``remote=True`` is refused here
+as in the constructor: this build has no remote execution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .core.errors import NnterpError
+
+__all__ = [
+    "logit_lens",
+    "TargetPrompt",
+    "repeat_prompt",
+    "TargetPromptBatch",
+    "patchscope_lens",
+    "get_token_activations",
+    "collect_token_activations_batched",
+]
+
+#: A value's component, in the order a block computes them (a layer's input first, its output last).
+_ORDER = {"layer_input": 0, "self_attn": 1, "linear_attn": 1, "mlp": 2, "layer_output": 3}
+
+
+def _local(remote: bool) -> None:
+    if remote:
+        raise NnterpError("remote execution is not available in this build of nnterp: drop remote=True and run locally")
+
+
+def _layers(model: Any, layers: int | list[int] | None) -> list[int]:
+    if layers is None:
+        return list(range(model.num_layers))
+    layers = [layers] if isinstance(layers, int) else list(layers)
+    return [layer % model.num_layers for layer in layers]
+
+
+@torch.no_grad()
+def logit_lens(model: Any, prompts: str | list[str], remote: bool = False, return_inv_logits: bool = False) -> Any:
+    """Next-token probabilities at the last token of each prompt, read from every layer's output.
+
+    Args:
+        model: a `StandardizedTransformer`.
+        prompts: a prompt or a list of prompts (left-padded together).
+        return_inv_logits: also return the probabilities of the negated (normed) hidden states.
+
+    Returns:
+        ``[prompts, layers, vocab]`` probabilities on the CPU (and the inverse ones).
+        At the last layer they are ``model.next_token_probs``.
+    """
+    _local(remote)
+    probs: list = []
+    inverse: list = []
+    with model.trace(prompts):
+        for layer in range(model.num_layers):
+            hidden = model.layers_output[layer][:, -1]
+            probs.append(model.project_on_vocab(hidden).float().softmax(-1).cpu().save())
+            if return_inv_logits:
+                inverse.append(model.lm_head(-model.ln_final(hidden)).float().softmax(-1).cpu().save())
+    stacked = torch.stack(probs).transpose(0, 1)
+    if return_inv_logits:
+        return stacked, torch.stack(inverse).transpose(0, 1)
+    return stacked
+
+
+@dataclass
+class TargetPrompt:
+    """A prompt to patch and the index of the token whose residual stream is replaced."""
+
+    prompt: str
+    index_to_patch: int
+
+
+def repeat_prompt(words: list[str] | None = None, rel: str = " ", sep: str = "\n", placeholder: str = "?", index_to_patch: int = -1) -> TargetPrompt:
+    """The patchscopes paper's next-token prompt: ``"king king\\n1135 1135\\nhello hello\\n?"``, patched at the placeholder."""
+    if words is None:
+        words = ["king", "1135", "hello"]
+    return TargetPrompt(sep.join(w + rel + w for w in words) + sep + placeholder, index_to_patch)
+
+
+@dataclass
+class TargetPromptBatch:
+    """Several target prompts with their indices to patch."""
+
+    prompts: list[str]
+    index_to_patch: torch.Tensor
+
+    @classmethod
+    def from_target_prompts(cls, prompts_: list[TargetPrompt]) -> TargetPromptBatch:
+        return cls([p.prompt for p in prompts_], torch.tensor([p.index_to_patch for p in prompts_]))
+
+    @classmethod
+    def from_target_prompt(cls, prompt: TargetPrompt, batch_size: int) -> TargetPromptBatch:
+        return cls([prompt.prompt] * batch_size, torch.tensor([prompt.index_to_patch] * batch_size))
+
+    @classmethod
+    def from_prompts(cls, prompts: str | list[str], index_to_patch: int | list[int] | torch.Tensor) -> TargetPromptBatch:
+        prompts = [prompts] if isinstance(prompts, str) else prompts
+        if isinstance(index_to_patch, int):
+            index_to_patch = [index_to_patch] * len(prompts)
+        return cls(prompts, torch.as_tensor(index_to_patch))
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def __getitem__(self, idx: int) -> TargetPrompt:
+        return TargetPrompt(self.prompts[idx], int(self.index_to_patch[idx]))
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    @staticmethod
+    def auto(target_prompt: Any, batch_size: int) -> TargetPromptBatch:
+        if isinstance(target_prompt, TargetPrompt):
+            return TargetPromptBatch.from_target_prompt(target_prompt, batch_size)
+        if isinstance(target_prompt, list):
+            return TargetPromptBatch.from_target_prompts(target_prompt)
+        if not isinstance(target_prompt, TargetPromptBatch):
+            raise NnterpError(f"target prompts must be a TargetPrompt, a list of them or a TargetPromptBatch, got {type(target_prompt).__name__}")
+        return target_prompt
+
+
+@torch.no_grad()
+def patchscope_lens(
+    model: Any,
+    source_prompts: str | list[str] | None = None,
+    target_patch_prompts: TargetPromptBatch | list[TargetPrompt] | TargetPrompt | None = None,
+    layers: int | list[int] | None = None,
+    latents: torch.Tensor | None = None,
+    remote: bool = False,
+) -> torch.Tensor:
+    """Patch each source prompt's last-token residual stream at each layer into the target prompt; read its next-token probabilities.
+
+    Args:
+        source_prompts: where the hidden states come from (their last token), or give ``latents``.
+        target_patch_prompts: the prompt(s) patched at ``index_to_patch`` (`repeat_prompt` by default).
+        layers: the layers to patch at (all by default); the target is patched at the same layer.
+        latents: ``[layers, sources, hidden]`` hidden states to patch instead of reading them.
+
+    Returns:
+        ``[sources, layers, vocab]`` probabilities on the CPU.
+    """
+    _local(remote)
+    if target_patch_prompts is None:
+        target_patch_prompts = repeat_prompt()
+    if latents is not None:
+        if source_prompts is not None:
+            raise NnterpError("pass source_prompts or latents, not both")
+        num_sources = len(latents[0])
+    else:
+        if source_prompts is None:
+            raise NnterpError("pass source_prompts or latents")
+        source_prompts = [source_prompts] if isinstance(source_prompts, str) else source_prompts
+        num_sources = len(source_prompts)
+    targets = TargetPromptBatch.auto(target_patch_prompts, num_sources)
+    if len(targets) != num_sources:
+        raise NnterpError(f"{num_sources} sources but {len(targets)} target prompts")
+    layers = _layers(model, layers)
+    if latents is None:
+        latents = get_token_activations(model, source_prompts, layers=layers)
+    probs = []
+    for index, layer in enumerate(layers):
+        with model.trace(targets.prompts):
+            output = model.layers_output[layer]
+            output[torch.arange(num_sources), targets.index_to_patch] = latents[index].to(device=output.device, dtype=output.dtype)
+            model.layers_output[layer] = output
+            probs.append(model.next_token_probs.cpu().save())
+    return torch.stack(probs).transpose(0, 1)
+
+
+def _value_reader(spec: str) -> tuple[int, Callable[[Any], Any]]:
+    """``"layer_output"`` / ``"linear_attn.state_output"`` -> (its place in a block's order, a reader of it on a layer, or None where absent)."""
+    part, _, name = spec.rpartition(".")
+    if not part:
+        if spec not in ("layer_input", "layer_output"):
+            raise NnterpError(f"unknown value {spec!r}: a layer's own values are layer_input and layer_output; name another as '<part>.<value>'")
+        return _ORDER[spec], lambda layer: getattr(layer, spec)
+    if part not in _ORDER or part.startswith("layer"):
+        raise NnterpError(f"unknown part {part!r} in {spec!r}: one of self_attn, linear_attn, mlp")
+
+    def read(layer: Any) -> Any:
+        envoy = getattr(layer, part)
+        if envoy is None:
+            return None
+        if name not in type(envoy).values():
+            raise NnterpError(f"{part} ({type(envoy).__name__}) has no value {name!r}; it serves {', '.join(type(envoy).values())}")
+        return getattr(envoy, name)
+
+    return _ORDER[part], read
+
+
+def _per_token(envoy: Any, spec: str) -> bool:
+    """Whether a value is documented ``[batch, seq, ...]`` (its jaxtyping annotation), so one token is taken."""
+    name = spec.rpartition(".")[2]
+    value = type(envoy).values().get(name)
+    dims = getattr(getattr(value, "annotation", None), "dim_str", "")
+    return dims.split()[:2] == ["batch", "seq"]
+
+
+@torch.no_grad()
+def get_token_activations(
+    model: Any,
+    prompts: str | list[str] | None = None,
+    layers: int | list[int] | None = None,
+    get_activations: Callable[[Any, int], Any] | None = None,
+    remote: bool = False,
+    idx: int | None = None,
+    tracer: Any = None,
+    values: str | list[str] | None = None,
+) -> Any:
+    """One token's activations (the last by default) of each prompt, at each layer.
+
+    Without ``values``: 1.x's ``[layers, prompts, hidden]`` tensor of
+    ``get_activations(model, layer)`` (the layer's output by default).
+    With ``values`` (a standard value's name or a list of them:
+    ``"layer_output"``, ``"self_attn.attention_output"``, ``"mlp.mlp_output"``,
+    ``"linear_attn.state_output"``): ``{value: {layer: tensor}}`` over the
+    layers that have the value's part, each ``[prompts, ...]`` at token
+    ``idx`` where the value is documented ``[batch, seq, ...]`` (a value without a sequence axis, a recurrent state, whole).
+    Batched prompts are left-padded, so ``idx=-1`` is every prompt's last token.
+    Inside a trace, pass ``tracer=`` and no prompts: the values come back unsaved.
+    """
+    _local(remote)
+    if tracer is None and prompts is None:
+        raise NnterpError("pass prompts, or tracer= inside a trace")
+    idx = -1 if idx is None else idx
+    if idx < 0 and model.tokenizer.padding_side != "left":
+        raise NnterpError(f"a negative idx needs left padding; the tokenizer pads {model.tokenizer.padding_side}")
+    layers = _layers(model, layers)
+    if values is None:
+        get_activations = get_activations or (lambda m, layer: m.layers_output[layer])
+        acts: list = []
+
+        def collect() -> None:
+            for layer in layers:
+                value = get_activations(model, layer)[:, idx]
+                acts.append(value if tracer is not None else value.cpu().save())
+
+        if tracer is not None:
+            collect()
+        else:
+            with model.trace(prompts) as run:
+                collect()
+                run.stop()
+        return torch.stack(acts)
+    specs = [values] if isinstance(values, str) else list(values)
+    readers = sorted(((*_value_reader(spec), spec) for spec in specs), key=lambda item: item[0])
+    found: dict = {spec: {} for spec in specs}
+
+    def collect_values() -> None:
+        for layer in sorted(layers):
+            block = model.layers[layer]
+            for _, read, spec in readers:
+                value = read(block)
+                if value is None and getattr(block, spec.rpartition(".")[0] or "layer_output", None) is None:
+                    continue  # this layer has no such part (a hybrid)
+                envoy = block if "." not in spec else getattr(block, spec.rpartition(".")[0])
+                if value is not None and _per_token(envoy, spec):
+                    value = value[:, idx]
+                found[spec][layer] = value if tracer is not None or value is None else value.cpu().save()
+
+    if tracer is not None:
+        collect_values()
+    else:
+        with model.trace(prompts) as run:
+            collect_values()
+            run.stop()
+    return found
+
+
+def collect_token_activations_batched(
+    model: Any,
+    prompts: list[str],
+    batch_size: int,
+    layers: int | list[int] | None = None,
+    get_activations: Callable[[Any, int], Any] | None = None,
+    remote: bool = False,
+    idx: int | None = None,
+    tqdm: Any = None,
+    use_session: bool = True,
+    values: str | list[str] | None = None,
+) -> Any:
+    """`get_token_activations` over ``prompts`` in batches of ``batch_size``, concatenated along the prompts.
+
+    ``tqdm``: a progress bar factory (``tqdm.auto.tqdm``), ``True`` for
+    ``tqdm.auto.tqdm``, or ``None`` for none. ``use_session`` is accepted for
+    1.x's signature (it mattered remotely only).
+    """
+    _local(remote)
+    starts: Any = range(0, len(prompts), batch_size)
+    if tqdm is True:
+        from tqdm.auto import tqdm
+    if tqdm:
+        starts = tqdm(starts)
+    batches = [
+        get_token_activations(model, prompts[start:start + batch_size], layers, get_activations, idx=idx, values=values)
+        for start in starts
+    ]
+    if values is None:
+        return torch.cat(batches, dim=1)
+    return {
+        spec: {layer: torch.cat([batch[spec][layer] for batch in batches]) for layer in batches[0][spec]}
+        for spec in batches[0]
+    }
