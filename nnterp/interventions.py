@@ -13,8 +13,8 @@ Same names, signatures and semantics as ``nnterp.interventions`` and
   ``"linear_attn.state_output"``, ...), returned as ``{value: {layer: tensor}}``.
 
 The steering and skipping helpers are methods: ``model.steer``,
-``model.skip_layer`` / ``model.skip_layers``. ``remote=True`` is refused here
-as in the constructor: this build has no remote execution.
+``model.skip_layer`` / ``model.skip_layers``. The helpers run locally:
+``remote=True`` is refused with the way to run the same reads on NDIF.
 """
 
 from __future__ import annotations
@@ -43,7 +43,10 @@ _ORDER = {"layer_input": 0, "self_attn": 1, "linear_attn": 1, "mlp": 2, "layer_o
 
 def _local(remote: bool) -> None:
     if remote:
-        raise NnterpError("remote execution is not available in this build of nnterp: drop remote=True and run locally")
+        raise NnterpError(
+            "nnterp's helpers run locally: for NDIF, make the same reads inside `with model.trace(..., remote=True)` "
+            "(docs/remote.md), or build the model with remote=True and read there"
+        )
 
 
 def _layers(model: Any, layers: int | list[int] | None) -> list[int]:
@@ -53,7 +56,6 @@ def _layers(model: Any, layers: int | list[int] | None) -> list[int]:
     return [layer % model.num_layers for layer in layers]
 
 
-@torch.no_grad()
 def logit_lens(model: Any, prompts: str | list[str], remote: bool = False, return_inv_logits: bool = False) -> Any:
     """Next-token probabilities at the last token of each prompt, read from every layer's output.
 
@@ -66,19 +68,20 @@ def logit_lens(model: Any, prompts: str | list[str], remote: bool = False, retur
         ``[prompts, layers, vocab]`` probabilities on the CPU (and the inverse ones).
         At the last layer they are ``model.next_token_probs``.
     """
-    _local(remote)
-    probs: list = []
-    inverse: list = []
-    with model.trace(prompts):
-        for layer in range(model.num_layers):
-            hidden = model.layers_output[layer][:, -1]
-            probs.append(model.project_on_vocab(hidden).float().softmax(-1).cpu().save())
-            if return_inv_logits:
-                inverse.append(model.lm_head(-model.ln_final(hidden)).float().softmax(-1).cpu().save())
-    stacked = torch.stack(probs).transpose(0, 1)
-    if return_inv_logits:
-        return stacked, torch.stack(inverse).transpose(0, 1)
-    return stacked
+    with torch.no_grad():  # a block, not a decorator: a server rebuilds the bare function
+        _local(remote)
+        probs: list = []
+        inverse: list = []
+        with model.trace(prompts):
+            for layer in range(model.num_layers):
+                hidden = model.layers_output[layer][:, -1]
+                probs.append(model.project_on_vocab(hidden).float().softmax(-1).cpu().save())
+                if return_inv_logits:
+                    inverse.append(model.lm_head(-model.ln_final(hidden)).float().softmax(-1).cpu().save())
+        stacked = torch.stack(probs).transpose(0, 1)
+        if return_inv_logits:
+            return stacked, torch.stack(inverse).transpose(0, 1)
+        return stacked
 
 
 @dataclass
@@ -138,7 +141,6 @@ class TargetPromptBatch:
         return target_prompt
 
 
-@torch.no_grad()
 def patchscope_lens(
     model: Any,
     source_prompts: str | list[str] | None = None,
@@ -158,32 +160,33 @@ def patchscope_lens(
     Returns:
         ``[sources, layers, vocab]`` probabilities on the CPU.
     """
-    _local(remote)
-    if target_patch_prompts is None:
-        target_patch_prompts = repeat_prompt()
-    if latents is not None:
-        if source_prompts is not None:
-            raise NnterpError("pass source_prompts or latents, not both")
-        num_sources = len(latents[0])
-    else:
-        if source_prompts is None:
-            raise NnterpError("pass source_prompts or latents")
-        source_prompts = [source_prompts] if isinstance(source_prompts, str) else source_prompts
-        num_sources = len(source_prompts)
-    targets = TargetPromptBatch.auto(target_patch_prompts, num_sources)
-    if len(targets) != num_sources:
-        raise NnterpError(f"{num_sources} sources but {len(targets)} target prompts")
-    layers = _layers(model, layers)
-    if latents is None:
-        latents = get_token_activations(model, source_prompts, layers=layers)
-    probs = []
-    for index, layer in enumerate(layers):
-        with model.trace(targets.prompts):
-            output = model.layers_output[layer]
-            output[torch.arange(num_sources), targets.index_to_patch] = latents[index].to(device=output.device, dtype=output.dtype)
-            model.layers_output[layer] = output
-            probs.append(model.next_token_probs.cpu().save())
-    return torch.stack(probs).transpose(0, 1)
+    with torch.no_grad():  # a block, not a decorator: a server rebuilds the bare function
+        _local(remote)
+        if target_patch_prompts is None:
+            target_patch_prompts = repeat_prompt()
+        if latents is not None:
+            if source_prompts is not None:
+                raise NnterpError("pass source_prompts or latents, not both")
+            num_sources = len(latents[0])
+        else:
+            if source_prompts is None:
+                raise NnterpError("pass source_prompts or latents")
+            source_prompts = [source_prompts] if isinstance(source_prompts, str) else source_prompts
+            num_sources = len(source_prompts)
+        targets = TargetPromptBatch.auto(target_patch_prompts, num_sources)
+        if len(targets) != num_sources:
+            raise NnterpError(f"{num_sources} sources but {len(targets)} target prompts")
+        layers = _layers(model, layers)
+        if latents is None:
+            latents = get_token_activations(model, source_prompts, layers=layers)
+        probs = []
+        for index, layer in enumerate(layers):
+            with model.trace(targets.prompts):
+                output = model.layers_output[layer]
+                output[torch.arange(num_sources), targets.index_to_patch] = latents[index].to(device=output.device, dtype=output.dtype)
+                model.layers_output[layer] = output
+                probs.append(model.next_token_probs.cpu().save())
+        return torch.stack(probs).transpose(0, 1)
 
 
 def _value_reader(spec: str) -> tuple[int, Callable[[Any], Any]]:
@@ -215,7 +218,6 @@ def _per_token(envoy: Any, spec: str) -> bool:
     return dims.split()[:2] == ["batch", "seq"]
 
 
-@torch.no_grad()
 def get_token_activations(
     model: Any,
     prompts: str | list[str] | None = None,
@@ -238,52 +240,55 @@ def get_token_activations(
     Batched prompts are left-padded, so ``idx=-1`` is every prompt's last token.
     Inside a trace, pass ``tracer=`` and no prompts: the values come back unsaved.
     """
-    _local(remote)
-    if tracer is None and prompts is None:
-        raise NnterpError("pass prompts, or tracer= inside a trace")
-    idx = -1 if idx is None else idx
-    if idx < 0 and model.tokenizer.padding_side != "left":
-        raise NnterpError(f"a negative idx needs left padding; the tokenizer pads {model.tokenizer.padding_side}")
-    layers = _layers(model, layers)
-    if values is None:
-        get_activations = get_activations or (lambda m, layer: m.layers_output[layer])
-        acts: list = []
+    with torch.no_grad():  # a block, not a decorator: a server rebuilds the bare function
+        _local(remote)
+        if tracer is None and prompts is None:
+            raise NnterpError("pass prompts, or tracer= inside a trace")
+        idx = -1 if idx is None else idx
+        if idx < 0 and model.tokenizer.padding_side != "left":
+            raise NnterpError(f"a negative idx needs left padding; the tokenizer pads {model.tokenizer.padding_side}")
+        layers = _layers(model, layers)
+        if values is None:
+            get_activations = get_activations or (lambda m, layer: m.layers_output[layer])
+            acts: list = []
 
-        def collect() -> None:
-            for layer in layers:
-                value = get_activations(model, layer)[:, idx]
-                acts.append(value if tracer is not None else value.cpu().save())
+            def collect() -> None:
+                for layer in layers:
+                    value = get_activations(model, layer)[:, idx]
+                    acts.append(value if tracer is not None else value.cpu().save())
+
+            if tracer is not None:
+                collect()
+            else:
+                with model.trace(prompts) as run:
+                    collect()
+                    run.stop()
+            return torch.stack(acts)
+        specs = [values] if isinstance(values, str) else list(values)
+        # In the order the family's blocks compute them (Zamba2's shared MLP runs before its mixer).
+        order = {"layer_input": 0, **{part: i + 1 for i, part in enumerate(model.family.PART_ORDER)}, "layer_output": 99}
+        readers = sorted(((*_value_reader(spec), spec) for spec in specs), key=lambda item: order[item[2].rpartition(".")[0] or item[2]])
+        found: dict = {spec: {} for spec in specs}
+
+        def collect_values() -> None:
+            for layer in sorted(layers):
+                block = model.layers[layer]
+                for _, read, spec in readers:
+                    value = read(block)
+                    if value is None and getattr(block, spec.rpartition(".")[0] or "layer_output", None) is None:
+                        continue  # this layer has no such part (a hybrid)
+                    envoy = block if "." not in spec else getattr(block, spec.rpartition(".")[0])
+                    if value is not None and _per_token(envoy, spec):
+                        value = value[:, idx]
+                    found[spec][layer] = value if tracer is not None or value is None else value.cpu().save()
 
         if tracer is not None:
-            collect()
+            collect_values()
         else:
             with model.trace(prompts) as run:
-                collect()
+                collect_values()
                 run.stop()
-        return torch.stack(acts)
-    specs = [values] if isinstance(values, str) else list(values)
-    readers = sorted(((*_value_reader(spec), spec) for spec in specs), key=lambda item: item[0])
-    found: dict = {spec: {} for spec in specs}
-
-    def collect_values() -> None:
-        for layer in sorted(layers):
-            block = model.layers[layer]
-            for _, read, spec in readers:
-                value = read(block)
-                if value is None and getattr(block, spec.rpartition(".")[0] or "layer_output", None) is None:
-                    continue  # this layer has no such part (a hybrid)
-                envoy = block if "." not in spec else getattr(block, spec.rpartition(".")[0])
-                if value is not None and _per_token(envoy, spec):
-                    value = value[:, idx]
-                found[spec][layer] = value if tracer is not None or value is None else value.cpu().save()
-
-    if tracer is not None:
-        collect_values()
-    else:
-        with model.trace(prompts) as run:
-            collect_values()
-            run.stop()
-    return found
+        return found
 
 
 def collect_token_activations_batched(

@@ -319,8 +319,7 @@ def test_the_constructor_takes_1x_keywords_and_refuses_unknown_ones(checkpoint):
     assert model.attn_probs_available
     with pytest.raises(NnterpError, match="not_a_keyword"):
         StandardizedTransformer(path, not_a_keyword=3)
-    with pytest.raises(NnterpError, match="remote execution is not available"):
-        StandardizedTransformer(path, remote=True)
+    assert StandardizedTransformer(path, remote=True).remote  # 1.x's keyword: runs default to NDIF (tests/remote)
     with pytest.raises(NnterpError, match="eager"):
         StandardizedTransformer(path, enable_attention_probs=True, attn_implementation="sdpa")
     StandardizedTransformer(path, num_hidden_layers=1, dtype="float32", allow_dispatch=True)  # a config field, from_pretrained's, 1.x's

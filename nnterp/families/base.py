@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, ClassVar
 
+from ..components.mlp import MLP
+
 #: What every tiny test config shares besides the tokenizer's ids: untied embeddings, float32.
 TINY = dict(tie_word_embeddings=False, dtype="float32")
 
@@ -78,6 +80,9 @@ class Family:
         if "REAL_CHECKPOINTS" not in cls.__dict__:
             cls.REAL_CHECKPOINTS = {}  # a sibling's published checkpoints are not this family's
 
+    #: The parts of a block in the order its forward computes them (readers of several values follow it).
+    PART_ORDER: ClassVar[tuple[str, ...]] = ("self_attn", "linear_attn", "mlp")
+
     @classmethod
     def envoys(cls) -> dict:
         """nnsight's ``envoys=`` map: HF module class -> the component that serves it.
@@ -86,8 +91,6 @@ class Family:
         by path (``"model.layers.*.mlp"``), whatever its class, unless ``COMPONENTS``
         maps its class (a class key wins in nnsight's lookup: Nemotron-H's ``mixer``).
         """
-        from ..components.mlp import MLP
-
         by_path = {f"{cls.LAYERS}.*.{cls.LAYER.MLP}": MLP} if getattr(cls.LAYER, "MLP", None) else {}
         return {**{block: cls.LAYER for block in cls.DECODER_LAYERS}, **cls.COMPONENTS, **by_path}
 

@@ -7,6 +7,7 @@ from transformers.models.zamba2.configuration_zamba2 import Zamba2Config
 
 from ..components.attention import Attention
 from ..components.layer import Layer
+from ..components.mlp import MLP
 from ..components.state_space import StateSpace
 from .bamba import Bamba
 from .base import TINY
@@ -80,9 +81,12 @@ class Zamba2(Bamba):
 
     LAYER = Zamba2Layer
     DECODER_LAYERS = (MODELING.Zamba2MambaDecoderLayer, MODELING.Zamba2HybridLayer)
-    COMPONENTS = {MODELING.Zamba2Attention: Attention, MODELING.Zamba2MambaMixer: StateSpace}
+    # The shared block's MLP class is served by the MLP component (a hybrid's `mlp`), by class: no path reaches it.
+    COMPONENTS = {MODELING.Zamba2Attention: Attention, MODELING.Zamba2MambaMixer: StateSpace, MODELING.Zamba2MLP: MLP}
     MIXER = StateSpace
 
+    #: A hybrid block runs the shared transformer block (attention, MLP) before its Mamba-2 mixer.
+    PART_ORDER = ("self_attn", "mlp", "linear_attn")
     BLOCK_TYPES = {"linear_attention": {"linear_attn"}, "hybrid": {"linear_attn", "self_attn", "mlp"}}
 
     @classmethod
