@@ -195,3 +195,10 @@ def test_a_familys_file_is_reached_as_the_spec_names_it():
     assert routing.mixers_of(qwen3_5) == routing.mixers_of(qwen3_5.Qwen3_5Text)
     with pytest.raises(AttributeError):
         nnterp.families.not_a_family
+
+
+def test_the_readme_lists_every_registered_model_type():
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| family (`model_type`) |"):readme.index("## Benchmarks")]
+    missing = [model_type for model_type in MODEL_TYPES if f"`{model_type}`" not in table]
+    assert not missing, f"README's family table lacks {missing}"
