@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -126,12 +127,20 @@ def main(argv: list | None = None) -> dict:
     return results
 
 
+SOAK = re.compile(r"<!-- soak:.*?<!-- /soak -->\n?", flags=re.S)
+
+
 def write(out: str, text: str) -> None:
-    """Write the page, keeping the section `import_time.py` wrote there (it is not rerun here)."""
+    """Write the page, keeping the sections `import_time.py` and `soak.py` put there (neither is rerun here)."""
     from .import_time import section, with_section
 
     path = Path(out)
-    path.write_text(with_section(text, section(path.read_text()) if path.exists() else None))
+    old = path.read_text() if path.exists() else ""
+    text = with_section(text, section(old) if old else None)
+    soak = SOAK.search(old)
+    if soak is not None and not SOAK.search(text):
+        text = text.rstrip("\n") + "\n\n" + soak.group(0)
+    path.write_text(text)
 
 
 def describe(config) -> str:
