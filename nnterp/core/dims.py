@@ -23,6 +23,8 @@ never disagree.
 * ``state_size``: the SSM state dimension ``N`` of Mamba-1 and Mamba-2.
 * ``conv_channels`` / ``conv_width``: the short-convolution window a mixer
   carries forward beside its state.
+* ``experts``: the routed experts of a mixture-of-experts block (the
+  router's logits are one per expert).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ HEAD_DIM = "head_dim"
 STATE_SIZE = "state_size"
 CONV_CHANNELS = "conv_channels"
 CONV_WIDTH = "conv_width"
+EXPERTS = "experts"
 
 Hidden = Float[Tensor, f"{BATCH} {SEQ} {HIDDEN}"]
 Logits = Float[Tensor, f"{BATCH} {SEQ} {VOCAB}"]
@@ -54,3 +57,4 @@ Gates = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS}"]
 State = Float[Tensor, f"{BATCH} {MIXER_HEADS} {KEY_DIM} {VALUE_DIM}"]
 States = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {KEY_DIM} {VALUE_DIM}"]
 ConvState = Float[Tensor, f"{BATCH} {CONV_CHANNELS} {CONV_WIDTH}"]
+RouterLogits = Float[Tensor, f"{BATCH} {SEQ} {EXPERTS}"]
