@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from nnterp.__main__ import main
+from nnterp.families import REGISTRY, families
 from nnterp.testing import tiny_checkpoint
 
 ROUTE_HINT = "nnterp.route_kernels(model.family, 'torch')"
@@ -115,8 +116,6 @@ def test_support_of_a_missing_folder_says_so(tmp_path):
 
 
 def _recurrent_types() -> list:
-    from nnterp.families import families
-
     return [family.NAME for family in families() if family.MIXER is not None]
 
 
@@ -129,3 +128,12 @@ def test_demo_runs_on_every_recurrent_familys_tiny_checkpoint(model_type, tmp_pa
     assert f"nnterp demo: {model_type}" in text and "the state leaving the prompt" in text
     assert "states[:, -1] == state_output: True" in text
     assert (tmp_path / "plots" / "state_norms.png").stat().st_size > 5_000
+
+
+@pytest.mark.parametrize("model_type", [family.NAME for family in families()])
+def test_support_prints_every_familys_table_from_its_tiny_checkpoint(model_type, capsys):
+    assert main(["support", str(tiny_checkpoint(model_type))]) == 0
+    text = capsys.readouterr().out
+    assert "layer_output" in text
+    if REGISTRY[model_type].MIXER is not None:
+        assert "linear_attn.state_output" in text
