@@ -87,7 +87,7 @@ def _hf_router_logits(hf, batch) -> list[torch.Tensor]:
 
 def test_every_family_with_a_router_class_is_covered():
     # The registry decides: every family whose transformers module defines a router has its tiny MoE blocks tested.
-    assert len(MOE) >= 8 and families()[0].NAME not in MOE
+    assert MOE and families()[0].NAME not in MOE
     for model_type in MOE:
         assert REGISTRY[model_type].MODEL_TYPES[0] == model_type
 
