@@ -3,31 +3,12 @@ block's ``attn``). Its blocks have ``self_attn`` and ``mlp`` bound to the HF mod
 are plain transformers' (the contract suite runs the rest)."""
 
 import torch
-import transformers.models.gpt2.modeling_gpt2 as modeling
 
-from tests.suites.checkpoint import CheckpointFixtures
+from tests.suites.plain import PlainTransformerSuite
 
 
-class TestGPT2(CheckpointFixtures):
+class TestGPT2(PlainTransformerSuite):
     MODEL_TYPE = "gpt2"
-
-    def test_blocks_have_self_attn_and_mlp_and_no_linear_attn(self, model):
-        hf_layers = model._at(model.family.LAYERS)
-        assert model.family.MIXER is None
-        for index, layer in enumerate(model.layers):
-            hf_layer = hf_layers[index]._module
-            assert isinstance(hf_layer, modeling.GPT2Block), f"layer {index}"
-            assert set(layer.parts()) == {"self_attn", "mlp"}, f"layer {index}"
-            assert layer.self_attn._module is hf_layer.attn and layer.mlp._module is hf_layer.mlp, f"layer {index}"
-            assert isinstance(hf_layer.attn, modeling.GPT2Attention) and isinstance(hf_layer.mlp, modeling.GPT2MLP)
-            assert layer.linear_attn is None, f"layer {index}"
-
-    def test_logits_equal_plain_transformers(self, model, plain, ids):
-        with torch.no_grad():
-            expected = plain(ids).logits
-        with torch.no_grad(), model.trace(ids):
-            logits = model.logits.save()
-        torch.testing.assert_close(logits, expected, rtol=0, atol=1e-6, msg="logits")
 
     def test_standard_names_reach_gpt2s_layout(self, model):
         hf = model._module

@@ -1,28 +1,8 @@
 """Llama: the attention-only root family. Its blocks have ``self_attn`` and ``mlp`` and no recurrent mixer,
 and its logits are plain transformers' (the contract suite, tests/test_contract.py, runs the rest on it)."""
 
-import torch
-import transformers.models.llama.modeling_llama as modeling
-
-from tests.suites.checkpoint import CheckpointFixtures
+from tests.suites.plain import PlainTransformerSuite
 
 
-class TestLlama(CheckpointFixtures):
+class TestLlama(PlainTransformerSuite):
     MODEL_TYPE = "llama"
-
-    def test_blocks_have_self_attn_and_mlp_and_no_linear_attn(self, model):
-        hf_layers = model._at(model.family.LAYERS)
-        assert model.family.MIXER is None
-        for index, layer in enumerate(model.layers):
-            hf_layer = hf_layers[index]._module
-            assert isinstance(hf_layer, modeling.LlamaDecoderLayer), f"layer {index}"
-            assert set(layer.parts()) == {"self_attn", "mlp"}, f"layer {index}"
-            assert layer.self_attn._module is hf_layer.self_attn and layer.mlp._module is hf_layer.mlp, f"layer {index}"
-            assert layer.linear_attn is None, f"layer {index}"
-
-    def test_logits_equal_plain_transformers(self, model, plain, ids):
-        with torch.no_grad():
-            expected = plain(ids).logits
-        with torch.no_grad(), model.trace(ids):
-            logits = model.logits.save()
-        torch.testing.assert_close(logits, expected, rtol=0, atol=1e-6, msg="logits")
