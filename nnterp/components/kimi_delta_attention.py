@@ -33,6 +33,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..core.dims import BATCH, KEY_DIM, MIXER_HEADS, SEQ
+from ..fast.effective import KIMI_DELTA_ATTENTION
 from ..fast.specs import KIMI_DELTA
 from .linear_attention import LinearAttention
 from .recurrent import kernel_argument
@@ -46,6 +47,7 @@ class KimiDeltaAttention(LinearAttention):
 
     REFERENCE = "transformers.models.kimi_linear.modeling_kimi_linear.KimiLinearDeltaAttention"
     FAST = KIMI_DELTA
+    EFFECTIVE = KIMI_DELTA_ATTENTION
     CHUNK_FUNCTION = "chunk_kimi_delta_attention"
     RECURRENT_FUNCTION = "recurrent_kimi_delta_attention"
     #: Inside the token loop, the variable holding a token's per-channel decay factors.

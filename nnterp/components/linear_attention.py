@@ -28,6 +28,12 @@ Values, in the order the forward makes them (all ``[batch, seq, ...]``;
 * ``conv_state_input`` / ``conv_state_output`` ``[batch, conv_channels,
   conv_width]``: the short convolution's window of pre-convolution q, k, v
   channels entering / leaving the call, which the block also carries forward.
+* ``effective_attention`` ``[batch, mixer_heads, seq, seq]``: the exact
+  coefficients ``A[t, s]`` with which the kernel's output at ``t`` is a sum
+  over ``attention_values`` at ``s``, plus ``state_input_readout`` ``[batch,
+  seq, mixer_heads, value_dim]`` (the entering state's part, ``None`` on a
+  fresh prompt); ``effective_attention_of(positions=, heads=)`` for some rows
+  and heads (`nnterp.fast.effective`).
 * ``attention_output`` ``[batch, seq, hidden]``: the mixer's output.
 
 Every value but ``attention_output`` and the conv windows is read at the
@@ -47,6 +53,7 @@ from nnsight.intervention.source import compiled
 from ..core.calls import pinned
 from ..core.dims import Gates, Queries, State, Values
 from ..core.errors import NnterpError
+from ..fast.effective import GATED_DELTA_ATTENTION
 from ..fast.specs import GATED_DELTA
 from ..recurrent.arguments import SAME
 from ..recurrent.call import Call
@@ -74,6 +81,7 @@ class LinearAttention(RecurrentMixer):
 
     REFERENCE = "transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5GatedDeltaNet"
     FAST = GATED_DELTA
+    EFFECTIVE = GATED_DELTA_ATTENTION
     CHUNK_FUNCTION = "torch_chunk_gated_delta_rule"
     RECURRENT_FUNCTION = "torch_recurrent_gated_delta_rule"
     STATE_VARIABLE = "last_recurrent_state"

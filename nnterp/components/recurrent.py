@@ -36,13 +36,16 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from jaxtyping import Float
 from nnsight.intervention.interleaver import Mediator
+from torch import Tensor
 
 from ..core.calls import mediator, per_call, pinned  # noqa: F401  (per_call, pinned: documented here)
-from ..core.dims import Hidden, State, States
+from ..core.dims import BATCH, MIXER_HEADS, SEQ, Hidden, State, States, Values
 from ..core.errors import NnterpError, Unavailable
 from ..core.standard import Standard
 from ..core.values import DerivedEProperty, Key, check_expected, check_tensor, module_output, replace_in, select_from
+from ..fast.effective import EffectiveSpec
 from ..fast.specs import FastSpec
 from ..recurrent import arguments
 from ..recurrent.call import KERNEL_RAN, Call
@@ -64,12 +67,30 @@ _NO_CACHE = (
 )
 
 
+#: ``[batch, mixer_heads, seq, seq]``: rows are the output's tokens t, columns the values' tokens s.
+EffectiveAttention = Float[Tensor, f"{BATCH} {MIXER_HEADS} {SEQ} {SEQ}"]
+
+
 def _per_token_reason(mixer: RecurrentMixer) -> str | None:
     return strategy_for(mixer).unavailable(mixer)
 
 
 def _iteration_reason(mixer: RecurrentMixer) -> str | None:
     return iteration_strategy(mixer).unavailable(mixer)
+
+
+def _effective_reason(mixer: RecurrentMixer) -> str | None:
+    if type(mixer).EFFECTIVE is None:
+        return f"{type(mixer).__name__} has no effective attention"
+    return needs_torch_kernels(mixer)
+
+
+def _effective_attention(mixer: RecurrentMixer) -> torch.Tensor:
+    return mixer._effective(None, None, True)[0]
+
+
+def _state_input_readout(mixer: RecurrentMixer) -> torch.Tensor | None:
+    return mixer._effective(None, None, False)[1]
 
 
 class RecurrentMixer(Standard):
@@ -91,6 +112,7 @@ class RecurrentMixer(Standard):
       table (`nnterp.recurrent.arguments`); ``"state"`` is the state entering
       the call, ``SEQ_ARGUMENT`` the argument whose axis 1 counts the tokens.
     * ``FAST``: its fast path (`nnterp.fast.FastSpec`), or ``None``;
+      ``EFFECTIVE``: its effective attention (`nnterp.fast.EffectiveSpec`), or ``None``;
       ``CHUNKED_SCAN``: the prompt kernel is Mamba-2's chunk scan.
 
     ``KERNEL`` names the call that fires on this call of the mixer, decided
@@ -113,6 +135,8 @@ class RecurrentMixer(Standard):
     ONE_STEP_DECODE: bool = False
     CHUNKED_SCAN: bool = False
     FAST: FastSpec | None = None
+    #: Its effective attention (`nnterp.fast.effective`), from the kernel call's arguments, or ``None``.
+    EFFECTIVE: EffectiveSpec | None = None
     CHUNK_ARGUMENTS: arguments.Signature = {}
     RECURRENT_ARGUMENTS: arguments.Signature = {}
     SEQ_ARGUMENT: str = "q"
@@ -369,6 +393,59 @@ class RecurrentMixer(Standard):
         unavailable=needs_torch_kernels,
         annotation=State,
     )
+
+    # -- effective attention: the kernel output's coefficients on the values ----------------
+
+    effective_attention = DerivedEProperty(
+        _effective_attention,
+        description=(
+            "the exact effective attention A[t, s]: the kernel's output at t is sum_s A[t, s] * attention_values[s] "
+            "(+ state_input_readout), [batch, mixer_heads, seq, seq], float32; 4*batch*mixer_heads*seq^2 bytes "
+            "(effective_attention_of(positions=...) keeps it bounded)"
+        ),
+        unavailable=_effective_reason,
+        annotation=EffectiveAttention,
+    )
+    state_input_readout = DerivedEProperty(
+        _state_input_readout,
+        description=(
+            "the part of the kernel's output read from the state entering the call (the rest of it is "
+            "sum_s effective_attention[t, s] * attention_values[s]), [batch, seq, mixer_heads, value_dim]; None on a fresh prompt"
+        ),
+        unavailable=_effective_reason,
+        annotation=Values,
+        none_on_fresh_prompt=True,
+    )
+
+    def effective_attention_of(self, positions: Any = None, heads: Any = None, channels: Any = None) -> torch.Tensor:
+        """Rows ``positions`` of `effective_attention`, for some heads (Mamba-1: ``channels``) only.
+
+        ``positions``, ``heads``, ``channels``: ``None`` (all), an int, a
+        slice, a range, a list or a tensor of indices (negative ones count
+        from the end), in the order given. The result is ``[batch,
+        len(heads or channels), len(positions), seq]``, float32, and costs
+        ``4 · batch · len(heads) · len(positions) · seq`` bytes. ``heads``
+        selects a gated DeltaNet's value heads or Mamba-2's heads, ``channels``
+        Mamba-1's channels; the other one raises.
+        """
+        what = "linear_attn.effective_attention_of"
+        reason = _effective_reason(self)
+        if reason is not None:
+            raise Unavailable(what, reason)
+        mediator(f"`{what}`")
+        axis = type(self).EFFECTIVE.axis
+        chosen, other = (heads, channels) if axis == "heads" else (channels, heads)
+        if other is not None:
+            wrong = "channels" if axis == "heads" else "heads"
+            raise NnterpError(f"`{what}`: {type(self).__name__}'s effective attention has one pattern per {axis[:-1]}: pass {axis}=, not {wrong}=")
+        return self._effective(positions, chosen, True)[0]
+
+    def _effective(self, positions: Any, selection: Any, coefficients: bool) -> tuple:
+        """``(A, readout)`` of this call, from its kernel's arguments by name, tokens first."""
+        call = self._record()
+        table = self._table(call)
+        served = {name: arguments.serve(table, name, call.arguments) for name in table}
+        return type(self).EFFECTIVE.compute(served, positions, selection, coefficients)
 
     # -- the state after every token: one declaration, served by the chosen strategy -------
 

@@ -31,6 +31,13 @@ Values, all tokens first (``seq`` is this call's tokens, one on a decode step):
   ``state_after`` / ``set_state_after``: the state after every token
   (`RecurrentMixer`); the prompt kernel is itself the token loop.
 * ``conv_state_input`` / ``conv_state_output`` ``[batch, channels, conv_width]``.
+* ``effective_attention`` ``[batch, channels, seq, seq]``: one pattern per
+  channel, ``A[d, t, s] = silu(z_t[d]) (Σ_n C_t[n] B_s[n] exp(Σ_{s<j≤t} Δ_j[d]
+  A[d, n]) Δ_s[d] + D[d] δ_ts)``, so the kernel's output (skip and gate
+  included) is ``Σ_s A[d, t, s] x_s[d]``, plus ``state_input_readout``
+  ``[batch, seq, channels]`` on a decode step. Big: ``4 · batch · channels ·
+  seq²`` bytes (6 GB for Mamba-130m's 1536 channels over 1000 tokens);
+  ``effective_attention_of(positions=, channels=)`` keeps it bounded.
 * ``attention_output`` ``[batch, seq, hidden]``: the mixer's output.
 * ``argument(name)``: any kernel argument by its signature-table name (``"z"``, ``"D"``, ``"A"``, ...).
 
@@ -48,6 +55,7 @@ from torch import Tensor
 from ..core.calls import pinned
 from ..core.dims import BATCH, CHANNELS, SEQ, STATE_SIZE
 from ..core.values import DerivedEProperty
+from ..fast.effective import SCAN_ATTENTION
 from ..recurrent.arguments import CHANNELS_FIRST, ONE_TOKEN, SAME, assign_step, served_step
 from ..recurrent.call import Call
 from ..recurrent.kernels import needs_torch_kernels
@@ -58,6 +66,8 @@ Channels = Float[Tensor, f"{BATCH} {SEQ} {CHANNELS}"]
 StateVectors = Float[Tensor, f"{BATCH} {SEQ} {STATE_SIZE}"]
 ScanState = Float[Tensor, f"{BATCH} {CHANNELS} {STATE_SIZE}"]
 ScanStates = Float[Tensor, f"{BATCH} {SEQ} {CHANNELS} {STATE_SIZE}"]
+#: ``[batch, channels, seq, seq]``: one effective attention pattern per channel.
+ChannelAttention = Float[Tensor, f"{BATCH} {CHANNELS} {SEQ} {SEQ}"]
 
 
 class SelectiveScan(RecurrentMixer):
@@ -70,6 +80,7 @@ class SelectiveScan(RecurrentMixer):
     #: The decode kernel updates the state once, while the prompt's pure-torch kernel is itself the token loop.
     ONE_STEP_DECODE = True
     SEQ_ARGUMENT = "x"
+    EFFECTIVE = SCAN_ATTENTION
 
     #: ``mamba_selective_scan(x, dt, A, B, C, D=, z=, delta_bias=, delta_softplus=, ...)``, channel-first.
     CHUNK_ARGUMENTS = {
@@ -129,6 +140,17 @@ class SelectiveScan(RecurrentMixer):
         "the state after a token of the prompt, one occurrence per token (tracer.iter), [batch, channels, state_size]", ScanState
     )
     states = RecurrentMixer.states.variant("the state after every token of this call, [batch, seq, channels, state_size]", ScanStates)
+    effective_attention = RecurrentMixer.effective_attention.variant(
+        "the exact effective attention per channel A[c, t, s]: the kernel's output (skip D and gate silu(z) included) "
+        "at t is sum_s A[c, t, s] * attention_values[s, c], [batch, channels, seq, seq], float32; big: "
+        "4*batch*channels*seq^2 bytes (effective_attention_of(positions=..., channels=...) keeps it bounded)",
+        ChannelAttention,
+    )
+    state_input_readout = RecurrentMixer.state_input_readout.variant(
+        "the part of the kernel's output read from the state entering a decode step (None on a prompt, which starts "
+        "from zeros), [batch, seq, channels]",
+        Channels,
+    )
     conv_state_input = conv_state_input()
     conv_state_output = conv_state_output()
 

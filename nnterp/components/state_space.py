@@ -39,6 +39,11 @@ where each value gains a sequence axis on read and loses it on write):
   continue from ``value``; token ``t``'s own output stays as computed (the scan
   reads it off the boundary before it).
 * ``conv_state_input`` / ``conv_state_output`` ``[batch, conv_channels, conv_width]``.
+* ``effective_attention`` ``[batch, mixer_heads, seq, seq]``: ``A[t, s] =
+  C_t·B_s exp(Σ_{s<j≤t} Δ_j A) Δ_s``, with ``D`` on the diagonal: the scan's
+  output (before the gate z, which the mixer applies in its norm after the
+  scan) is ``Σ_s A[t, s] x_s`` plus ``state_input_readout`` ``[batch, seq,
+  mixer_heads, head_dim]``; ``effective_attention_of(positions=, heads=)``.
 * ``attention_output`` ``[batch, seq, hidden]``; ``argument(name)`` for any other, by its signature-table name.
 """
 
@@ -50,6 +55,7 @@ from torch import Tensor
 
 from ..core.dims import BATCH, HEAD_DIM, KEY_HEADS, MIXER_HEADS, SEQ, STATE_SIZE, Gates
 from ..core.values import DerivedEProperty, check_tensor
+from ..fast.effective import SSD_ATTENTION
 from ..fast.specs import SSD
 from ..recurrent.arguments import (
     ONE_TOKEN,
@@ -80,6 +86,7 @@ class StateSpace(RecurrentMixer):
 
     REFERENCE = "transformers.models.mamba2.modeling_mamba2.Mamba2Mixer"
     FAST = SSD
+    EFFECTIVE = SSD_ATTENTION
     CHUNK_FUNCTION = "mamba2_chunk_scan"
     RECURRENT_FUNCTION = "mamba2_selective_state_update"
     ONE_STEP_DECODE = True
@@ -170,6 +177,11 @@ class StateSpace(RecurrentMixer):
     states = RecurrentMixer.states.variant(
         "the state after every token of this call, [batch, seq, mixer_heads, head_dim, state_size]; needs chunk_per_token",
         HeadStates,
+    )
+    state_input_readout = RecurrentMixer.state_input_readout.variant(
+        "the part of the scan's output read from the state entering the call (the rest of it is "
+        "sum_s effective_attention[t, s] * attention_values[s]), [batch, seq, mixer_heads, head_dim]; None on a fresh prompt",
+        HeadValues,
     )
     conv_state_input = conv_state_input()
     conv_state_output = conv_state_output()

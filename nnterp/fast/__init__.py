@@ -12,6 +12,10 @@ about the cost of that call plus writing the states once:
 * `ssd_states`: Mamba-2's state space duality, linear in length;
 * `FastSpec` (``GATED_DELTA``, ``KIMI_DELTA``, ``SSD``): what a component's
   fast path computes from its kernel call, by its signature table's names;
+* `gated_delta_attention`, `kimi_delta_attention`, `ssd_attention`,
+  `selective_scan_attention` (`effective`): the exact effective attention
+  ``A[t, s]`` with which a kernel's output is a sum over the values it is
+  fed, from the same arguments (``EffectiveSpec``: by the table's names);
 * `empty_cache` / `cached_bytes`: release / count the state buffers kept for reuse
   (`buffers`: by default at most what the last read needed).
 
@@ -22,6 +26,17 @@ about the cost of that call plus writing the states once:
 
 from .buffers import cached_bytes, empty_cache, empty_states
 from .delta import gated_delta_states, kimi_delta_states
+from .effective import (
+    GATED_DELTA_ATTENTION,
+    KIMI_DELTA_ATTENTION,
+    SCAN_ATTENTION,
+    SSD_ATTENTION,
+    EffectiveSpec,
+    gated_delta_attention,
+    kimi_delta_attention,
+    selective_scan_attention,
+    ssd_attention,
+)
 from .specs import GATED_DELTA, KIMI_DELTA, SSD, FastSpec
 from .ssd import ssd_states
 
@@ -29,6 +44,15 @@ __all__ = [
     "gated_delta_states",
     "kimi_delta_states",
     "ssd_states",
+    "gated_delta_attention",
+    "kimi_delta_attention",
+    "ssd_attention",
+    "selective_scan_attention",
+    "EffectiveSpec",
+    "GATED_DELTA_ATTENTION",
+    "KIMI_DELTA_ATTENTION",
+    "SSD_ATTENTION",
+    "SCAN_ATTENTION",
     "FastSpec",
     "GATED_DELTA",
     "KIMI_DELTA",

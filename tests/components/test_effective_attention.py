@@ -1,0 +1,138 @@
+"""`linear_attn.effective_attention` on a model, on every kind of recurrent mixer.
+
+Oracle: the kernel call's own output. ``Σ_s A[t, s] v_s`` (plus
+``state_input_readout``, the entering state's part) reproduces what the
+kernel returned for the call, within 1e-5 in float32, on a prompt, on a
+left-padded batch and on a decode step; ``effective_attention_of`` is a
+selection of the same numbers. One family per distinct mixer component
+(the first of `nnterp.families.families` that has it).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nnterp import NnterpError
+from nnterp.families import families
+
+PROMPT = "The Eiffel Tower is in the city of"
+OTHER = "My favourite food is pizza with"
+
+
+def _first_per_mixer() -> list[str]:
+    seen: dict = {}
+    for family in families():
+        if family.MIXER is not None and family.MIXER not in seen:
+            seen[family.MIXER] = family.MODEL_TYPES[0]
+    return list(seen.values())
+
+
+KINDS = _first_per_mixer()
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def model(request, load):
+    return load(request.param)
+
+
+def _mixers(model):
+    return [layer.linear_attn for layer in model.layers if getattr(layer, "linear_attn", None) is not None][:2]
+
+
+def _read(model, mixers, prompt):
+    """Per mixer on a prompt: effective attention, the readout, the values, the kernel's output tokens first."""
+    got = []
+    with torch.no_grad(), model.trace(prompt):
+        _read_mixers(mixers, got)
+    return got
+
+
+def _read_step(model, mixers, prompt):
+    """The same on decode step 1 of generate."""
+    got = []
+    with torch.no_grad(), model.generate(prompt, max_new_tokens=2, min_new_tokens=2, do_sample=False) as tracer:
+        for _ in tracer.iter[1]:
+            _read_mixers(mixers, got)
+    return got
+
+
+def _read_mixers(mixers, got):
+    for mix in mixers:
+        cls = type(mix)
+        attention = mix.effective_attention.save()
+        readout = mix.state_input_readout
+        readout = readout.save() if readout is not None else None
+        values = mix.attention_values.save()
+        kernel = cls.KERNEL(mix)
+        table = cls.RECURRENT_ARGUMENTS if kernel == cls.RECURRENT_KERNEL else cls.CHUNK_ARGUMENTS
+        value_name = "v" if "v" in table else "x"
+        output = getattr(mix.source, kernel).output
+        output = output[0] if isinstance(output, tuple) else output
+        got.append((attention, readout, values, table[value_name][1].read(output).save()))
+
+
+def _predicted(attention, readout, values):
+    if values.dim() == 3:  # Mamba-1: one pattern per channel
+        out = torch.einsum("bcts,bsc->btc", attention, values.float())
+    else:
+        out = torch.einsum("bhts,bshd->bthd", attention, values.float())
+    return out + readout if readout is not None else out
+
+
+def _check(got, what):
+    assert got, what
+    for index, (attention, readout, values, output) in enumerate(got):
+        expected = output.float()
+        scale = expected.abs().max().clamp(min=1.0)
+        torch.testing.assert_close(
+            _predicted(attention, readout, values) / scale, expected / scale, rtol=0, atol=1e-5, msg=f"{what}, mixer {index}"
+        )
+
+
+def test_the_coefficients_reproduce_the_kernels_output_on_a_prompt(model):
+    got = _read(model, _mixers(model), PROMPT)
+    seq = len(model.tokenizer(PROMPT).input_ids)
+    for attention, readout, _, _ in got:
+        assert attention.shape[-2:] == (seq, seq) and attention.dtype == torch.float32
+        assert readout is None, "nothing enters a fresh prompt"
+        assert torch.equal(attention, attention.tril()), "causal"
+    _check(got, "prompt")
+
+
+def test_the_coefficients_reproduce_the_kernels_output_on_a_left_padded_batch(model):
+    assert model.tokenizer.padding_side == "left"
+    got = _read(model, _mixers(model), [PROMPT, OTHER])
+    assert got[0][0].shape[0] == 2
+    _check(got, "left-padded batch")
+
+
+def test_the_coefficients_and_the_entering_state_reproduce_a_decode_step(model):
+    got = _read_step(model, _mixers(model), PROMPT)
+    for attention, readout, _, _ in got:
+        assert attention.shape[-2:] == (1, 1)
+        assert readout is not None, "a decode step starts from the cache"
+    _check(got, "decode step")
+
+
+def test_a_selection_is_the_same_numbers(model):
+    mix = _mixers(model)[0]
+    axis = type(mix).EFFECTIVE.axis
+    with torch.no_grad(), model.trace(PROMPT):
+        full = mix.effective_attention.save()
+        part = mix.effective_attention_of(positions=[-1, 2], **{axis: [1, 0]}).save()
+        last = mix.effective_attention_of(positions=-1).save()
+    torch.testing.assert_close(part, full[:, [1, 0]][:, :, [-1, 2]], rtol=0, atol=1e-6)
+    torch.testing.assert_close(last, full[:, :, -1:], rtol=0, atol=1e-6)
+    wrong = "channels" if axis == "heads" else "heads"
+    with pytest.raises(NnterpError, match=f"pass {axis}="), torch.no_grad(), model.trace(PROMPT):
+        mix.effective_attention_of(**{wrong: [0]})
+
+
+def test_support_lists_it_where_the_kernel_arguments_are(model):
+    support = model.support()
+    for name in ("effective_attention", "state_input_readout"):
+        entry = support[f"linear_attn.{name}"]
+        reasons = entry if isinstance(entry, list) else [entry]
+        assert any(reason is None for reason in reasons), (name, reasons)
+        assert support[f"linear_attn.{name}"] == support["linear_attn.attention_values"], name
