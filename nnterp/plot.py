@@ -9,6 +9,8 @@ is its Frobenius norm over everything but batch and token: a DeltaNet state
 
 * `state_norms`: a heatmap, layers × tokens, of the state norm after each token.
 * `head_norms`: the norm of each head's state, one state (one token).
+* `effective_attention`: heatmaps, output token × value token, of a mixer's
+  exact effective attention (``linear_attn.effective_attention``), one per head.
 * `patch_effect`: what a patch did to the next-token distribution, per layer
   (bars), or per layer × position (a heatmap, e.g. a `patch_sweep` result).
 
@@ -24,7 +26,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["state_norms", "head_norms", "patch_effect", "logit_lens", "token_label"]
+__all__ = ["state_norms", "head_norms", "effective_attention", "patch_effect", "logit_lens", "token_label"]
 
 INSTALL = 'pip install "nnterp[plot]"'
 
@@ -150,6 +152,57 @@ def head_norms(state: torch.Tensor, *, row: int = 0, title: str = "State norm pe
     ax.set_ylabel("‖S‖ (Frobenius)")
     ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def effective_attention(
+    pattern: torch.Tensor,
+    tokens: Sequence[str] | None = None,
+    *,
+    heads: Sequence[int] | None = None,
+    row: int = 0,
+    title: str = "Effective attention",
+    unit: str = "head",
+) -> Any:
+    """Heatmaps of a recurrent mixer's effective attention: output token (y) × value token (x), one panel per head.
+
+    Args:
+        pattern: ``linear_attn.effective_attention`` ``[batch, heads, seq, seq]``
+            (Mamba-1: ``[batch, channels, seq, seq]``), or ``[heads, seq, seq]``
+            with ``row=None``.
+        tokens: the token strings, for both axes.
+        heads: which heads (channels) to draw, 4 at most is readable (default: the first 4).
+        row: the batch row; ``None`` when ``pattern`` has no batch axis.
+        title: the figure title.
+        unit: what axis 1 is (``"channel"`` on Mamba-1).
+
+    The colour scale is symmetric around 0: unlike softmax attention, the
+    coefficients of a delta rule (and Mamba's skip and gate) can be negative.
+
+    Returns:
+        a matplotlib ``Figure``.
+    """
+    Figure = _pyplot()
+    pattern = torch.as_tensor(pattern).detach()
+    panels = pattern if row is None else pattern[row]
+    if panels.ndim != 3 or panels.shape[-1] != panels.shape[-2]:
+        raise ValueError(f"expected [batch, heads, seq, seq], got shape {tuple(pattern.shape)}")
+    chosen = list(range(min(4, panels.shape[0]))) if heads is None else list(heads)
+    names = _token_labels(tokens, panels.shape[-1])
+    size = max(2.8, 0.32 * len(names) + 1.4)
+    fig = Figure(figsize=(size * len(chosen) + 0.8, size + 0.4), layout="constrained")
+    axes = fig.subplots(1, len(chosen), squeeze=False)[0]
+    scale = float(panels[chosen].abs().max()) or 1.0
+    image = None
+    for ax, head in zip(axes, chosen):
+        image = ax.imshow(panels[head].float().cpu().numpy(), cmap="RdBu_r", vmin=-scale, vmax=scale, interpolation="nearest")
+        ax.set_xticks(range(len(names)), names, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(names)), names, fontsize=7)
+        ax.set_title(f"{unit} {head}", fontsize=9)
+        ax.set_xlabel("value token s")
+    axes[0].set_ylabel("output token t")
+    fig.suptitle(title)
+    fig.colorbar(image, ax=list(axes), label="A[t, s]", shrink=0.8)
     return fig
 
 

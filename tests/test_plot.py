@@ -103,3 +103,12 @@ def test_logit_lens_plot_is_the_projection_of_every_layer_at_every_position(load
         probs = model.next_token_probs.save()
     assert abs(float(grid[-1, -1]) - float(probs[0].max())) < 1e-5  # the last layer's last position: the model's prediction
     fig.savefig(tmp_path / "lens.png")
+
+
+def test_effective_attention_draws_one_panel_per_head(tmp_path):
+    pattern = torch.randn(1, 6, 5, 5).tril()
+    fig = plot.effective_attention(pattern, ["a", "b", "c", "d", "e"], heads=[0, 3])
+    assert len([ax for ax in fig.axes if ax.get_images()]) == 2
+    fig.savefig(tmp_path / "effective.png")
+    with pytest.raises(ValueError, match="seq, seq"):
+        plot.effective_attention(torch.randn(1, 2, 5, 4))
