@@ -44,6 +44,9 @@ where each value gains a sequence axis on read and loses it on write):
   output (before the gate z, which the mixer applies in its norm after the
   scan) is ``Σ_s A[t, s] x_s`` plus ``state_input_readout`` ``[batch, seq,
   mixer_heads, head_dim]``; ``effective_attention_of(positions=, heads=)``.
+  One kernel gates inside: Falcon-H1's decode step without ``mamba_rms_norm``
+  returns ``silu(z) ⊙`` that (``argument("z")``, per channel, which one
+  pattern per head cannot hold).
 * ``attention_output`` ``[batch, seq, hidden]``; ``argument(name)`` for any other, by its signature-table name.
 """
 
@@ -109,8 +112,10 @@ class StateSpace(RecurrentMixer):
         "dt_softplus": ("dt_softplus", SAME),
         "dt_limit": ("dt_limit", SAME),
         "final": ("return_final_states", SAME),
+        "z": ("z", SAME),
     }
-    #: ``mamba2_selective_state_update(state, x, dt, A, B, C, D, z=, dt_bias=, dt_softplus=)``: one token, per-head values expanded.
+    #: ``mamba2_selective_state_update(state, x, dt, A, B, C, D, z=, dt_bias=, dt_softplus=)``: one token, per-head values
+    #: expanded; ``z`` is ``None`` except on Falcon-H1 without ``mamba_rms_norm``, whose decode step gates inside the kernel.
     RECURRENT_ARGUMENTS = {
         "state": (0, SAME),
         "x": (1, ONE_TOKEN),
@@ -121,6 +126,7 @@ class StateSpace(RecurrentMixer):
         "D": (6, PER_HEAD),
         "dt_bias": ("dt_bias", PER_HEAD),
         "dt_softplus": ("dt_softplus", SAME),
+        "z": ("z", ONE_TOKEN),
     }
 
     @classmethod

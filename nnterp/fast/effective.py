@@ -38,7 +38,9 @@ rounding.
   (channel, state entry) on Mamba-1. The skip ``D x_t`` is the diagonal. The
   gate is ``silu(z_t)`` where the kernel applies it (Mamba-1's kernels; none
   on Mamba-2's chunk scan, whose gate is a norm after it: that ``A`` is the
-  scan's output before the gate).
+  scan's output before the gate, and so it is on the one Mamba-2 decode
+  kernel that gates inside, Falcon-H1's without ``mamba_rms_norm``, whose
+  gate is per channel).
 
 Numerics: every exponent is a sum of log decays over ``s < j ≤ t`` (≤ 0),
 accumulated from a nearby anchor, never a difference of two long prefix

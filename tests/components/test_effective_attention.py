@@ -136,3 +136,20 @@ def test_support_lists_it_where_the_kernel_arguments_are(model):
         reasons = entry if isinstance(entry, list) else [entry]
         assert any(reason is None for reason in reasons), (name, reasons)
         assert support[f"linear_attn.{name}"] == support["linear_attn.attention_values"], name
+
+
+def test_a_decode_step_that_gates_inside_the_kernel_is_the_output_before_the_gate(load):
+    """Falcon-H1 without mamba_rms_norm passes z to its Mamba-2 decode kernel: per channel, so A is the output before it."""
+    model = load("falcon_h1")
+    assert not model._module.config.mamba_rms_norm
+    mixers = _mixers(model)
+    got, gates = [], []
+    with torch.no_grad(), model.generate(PROMPT, max_new_tokens=2, min_new_tokens=2, do_sample=False) as tracer:
+        for _ in tracer.iter[1]:
+            for mix in mixers:  # in forward order: each mixer's reads before the next mixer's
+                gates.append(mix.argument("z").save())
+                _read_mixers([mix], got)
+    assert all(gate is not None for gate in gates)
+    for (attention, readout, values, output), gate in zip(got, gates):
+        predicted = _predicted(attention, readout, values) * torch.nn.functional.silu(gate.float())
+        torch.testing.assert_close(predicted, output.float(), rtol=0, atol=1e-5)
