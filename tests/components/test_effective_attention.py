@@ -13,7 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+import nnterp
 from nnterp import NnterpError
+from nnterp.components.linear_attention import LinearAttention
 from nnterp.families import families
 
 PROMPT = "The Eiffel Tower is in the city of"
@@ -153,3 +155,13 @@ def test_a_decode_step_that_gates_inside_the_kernel_is_the_output_before_the_gat
     for (attention, readout, values, output), gate in zip(got, gates):
         predicted = _predicted(attention, readout, values) * torch.nn.functional.silu(gate.float())
         torch.testing.assert_close(predicted, output.float(), rtol=0, atol=1e-5)
+
+
+def test_routed_through_the_token_loop_and_under_fast_states_it_is_the_same_call(model):
+    """The token-by-token kernel (routed DeltaNet prompts) takes the same arguments; fast_states does not touch them."""
+    if not isinstance(_mixers(model)[0], LinearAttention):
+        pytest.skip("only a DeltaNet's prompt is routed through another kernel")
+    with nnterp.route_kernels(model.family, "torch"):
+        _check(_read(model, _mixers(model), [PROMPT, OTHER]), "routed")
+    with nnterp.fast_states(model):
+        _check(_read(model, _mixers(model), PROMPT), "fast_states")
