@@ -176,7 +176,8 @@ def _delta_attention(query, key, g, beta, initial_state, use_qk_l2norm, l2norm, 
     if initial_state is not None:
         carried = initial_state.to(device=q.device, dtype=torch.float32).index_select(1, chosen)
     P = q.new_zeros(batch, chosen.numel(), k_dim, 0)  # the state's coefficient on every value so far
-    blocks, reads_out = [], []  # (positions' indices, rows of A) and (indices, readout rows)
+    out = q.new_zeros(batch, chosen.numel(), rows.numel(), seq) if coefficients else None
+    readout = q.new_zeros(batch, chosen.numel(), rows.numel(), carried.shape[-1]) if carried is not None else None
     last = int(rows.max()) if rows.numel() else -1
     if not coefficients and carried is None:
         last = -1
@@ -198,13 +199,12 @@ def _delta_attention(query, key, g, beta, initial_state, use_qk_l2norm, l2norm, 
         reads = qm * cm.exp() - Q @ W  # [b, h, L, dk]: how the chunk's rows read S_0
         here = ((rows >= lo) & (rows < hi)).nonzero().flatten()
         if here.numel():
-            local = (rows[here] - lo).to(q.device)
+            local, at = (rows[here] - lo).to(q.device), here.to(q.device)
             if coefficients:
-                own = (Q @ T).index_select(2, local)
-                earlier = reads.index_select(2, local) @ P
-                blocks.append((here, torch.cat([earlier, own, own.new_zeros(*own.shape[:-1], seq - hi)], dim=-1)))
+                out[:, :, at, lo:hi] = (Q @ T).index_select(2, local)
+                out[:, :, at, :lo] = reads.index_select(2, local) @ P
             if carried is not None:
-                reads_out.append((here, reads.index_select(2, local) @ carried))
+                readout[:, :, at] = reads.index_select(2, local) @ carried
         if hi > last:
             break
         end = cm[:, :, -1:]  # c_L, [b, h, 1, 1 | dk]
@@ -214,22 +214,7 @@ def _delta_attention(query, key, g, beta, initial_state, use_qk_l2norm, l2norm, 
             P = torch.cat([decay * P - Kd.transpose(-1, -2) @ (W @ P), Kd.transpose(-1, -2) @ T], dim=-1)
         if carried is not None:
             carried = decay * carried - Kd.transpose(-1, -2) @ (W @ carried)
-    out = _gather(blocks, rows.numel(), q.new_zeros(batch, chosen.numel(), 0, seq)) if coefficients else None
-    readout = None
-    if initial_state is not None:
-        readout = _gather(reads_out, rows.numel(), q.new_zeros(batch, chosen.numel(), 0, carried.shape[-1])).transpose(1, 2)
-    return out, readout
-
-
-def _gather(blocks: list, count: int, empty: torch.Tensor) -> torch.Tensor:
-    """Rows computed block by block (``(indices into the positions, rows)``, on axis 2) in the positions' order."""
-    if not blocks:
-        return empty.new_zeros(*empty.shape[:2], count, empty.shape[-1])
-    order = torch.cat([at for at, _ in blocks])
-    stacked = torch.cat([rows for _, rows in blocks], dim=2)
-    if bool((order[1:] > order[:-1]).all()):
-        return stacked
-    return stacked.index_select(2, torch.argsort(order).to(stacked.device))
+    return out, (readout.transpose(1, 2) if readout is not None else None)
 
 
 def _scores(x: torch.Tensor, k: torch.Tensor, cum: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
