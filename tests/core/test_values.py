@@ -124,4 +124,4 @@ def test_a_value_none_on_a_fresh_prompt_is_declared_not_described():
 
     for cls in (LinearAttention, SelectiveScan):
         flagged = {name for name, value in cls.values().items() if value.none_on_fresh_prompt}
-        assert flagged == {"state_input", "conv_state_input"}
+        assert flagged == {"state_input", "conv_state_input", "state_input_readout"}
