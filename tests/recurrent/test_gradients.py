@@ -123,3 +123,48 @@ def test_mamba_decays_grad_reaches_A(load):
             g_decays = decays.grad.save()
             g_A = A.grad.save()
     torch.testing.assert_close(g_A, (g_decays * betas.detach()[..., None]).sum((0, 1)), rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "kimi_linear", "mamba2"])
+def test_fast_states_are_a_function_of_the_arguments(load, model_type):
+    # The fast path's states under autograd: the same values as without, and a loss on them reaches the arguments.
+    model = load(model_type)
+    ids = ids_of(model)
+    mix = model.layers[recurrent(model)[0]].linear_attn
+    name = "attention_values"
+    with nnterp.fast_states(model):
+        with torch.no_grad(), model.trace(ids):
+            plain = mix.states.save()
+        with model.trace(ids):
+            value = getattr(mix, name).save()
+            states = mix.states.save()
+    torch.testing.assert_close(states.detach(), plain, rtol=1e-5, atol=1e-7)  # float32 rounding (no out= under autograd)
+    weights = torch.randn(states.shape, generator=torch.Generator().manual_seed(2))
+    (grad,) = torch.autograd.grad((states * weights).sum(), value, retain_graph=True)
+    assert grad.abs().sum() > 0
+    # Against the kernel's own final state, a function of the same argument.
+    with model.trace(ids):
+        kernel_value = getattr(mix, name).save()
+        final = mix.state_output.save()
+    (expected,) = torch.autograd.grad((final * weights[:, -1]).sum(), kernel_value)
+    (last,) = torch.autograd.grad((states[:, -1] * weights[:, -1]).sum(), value)
+    torch.testing.assert_close(last, expected, rtol=1e-3, atol=1e-5)
+
+
+def test_set_state_after_target_grad_matches_finite_differences(model):
+    ids = ids_of(model)
+    mix = model.layers[recurrent(model)[0]].linear_attn
+    t = 2
+    with per_token(model):
+        with torch.no_grad(), model.trace(ids):
+            clean = mix.state_after(t).save()
+        target = (clean * 1.1).requires_grad_(True)
+        with model.trace(ids):
+            mix.set_state_after(t, target)
+            loss = metric(model).save()
+            with loss.backward():
+                grad = target.grad.save()
+        direction = torch.randn(clean.shape, generator=torch.Generator().manual_seed(3)) * clean.abs().mean()
+        numeric = central_difference(model, ids, lambda e: mix.set_state_after(t, target.detach() + e * direction))
+    analytic = float((grad * direction).sum())
+    assert agrees(analytic, numeric, float(abs(loss))), (model.family.NAME, analytic, numeric)
