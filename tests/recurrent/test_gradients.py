@@ -151,11 +151,14 @@ def test_fast_states_are_a_function_of_the_arguments(load, model_type):
     torch.testing.assert_close(last, expected, rtol=1e-3, atol=1e-5)
 
 
-def test_set_state_after_target_grad_matches_finite_differences(model):
+@pytest.mark.parametrize("strategy", ["own", "fast"])
+def test_set_state_after_target_grad_matches_finite_differences(model, strategy):
     ids = ids_of(model)
     mix = model.layers[recurrent(model)[0]].linear_attn
+    if strategy == "fast" and type(mix).FAST is None:
+        pytest.skip(f"{type(mix).__name__} has no fast path")
     t = 2
-    with per_token(model):
+    with per_token(model) if strategy == "own" else nnterp.fast_states(model):
         with torch.no_grad(), model.trace(ids):
             clean = mix.state_after(t).save()
         target = (clean * 1.1).requires_grad_(True)
