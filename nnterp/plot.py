@@ -13,6 +13,8 @@ is its Frobenius norm over everything but batch and token: a DeltaNet state
   exact effective attention (``linear_attn.effective_attention``), one per head.
 * `patch_effect`: what a patch did to the next-token distribution, per layer
   (bars), or per layer × position (a heatmap, e.g. a `patch_sweep` result).
+* `attribution`: a `state_attribution` estimate, layers × positions, beside
+  the `patch_sweep` it estimates (and a scatter of one against the other).
 
 matplotlib is imported when a function is called, so ``import nnterp.plot``
 works without it; calling one without it raises an ImportError naming
@@ -26,7 +28,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["state_norms", "head_norms", "effective_attention", "patch_effect", "logit_lens", "token_label"]
+from .attribution import rank_correlation
+
+__all__ = ["state_norms", "head_norms", "effective_attention", "patch_effect", "attribution", "logit_lens", "token_label"]
 
 INSTALL = 'pip install "nnterp[plot]"'
 
@@ -264,6 +268,57 @@ def patch_effect(
     ax.set_ylabel("layer")
     ax.set_title(title)
     fig.colorbar(image, ax=ax, label=label)
+    return fig
+
+
+def attribution(result: Any, sweep: Any = None, *, label: str = "Δ metric", title: str = "Which state matters") -> Any:
+    """A `nnterp.attribution.AttributionResult`'s estimate as a heatmap, beside a `patch_sweep`'s effects.
+
+    Args:
+        result: what `nnterp.attribution.state_attribution` returned.
+        sweep: optionally the `nnterp.sweep.SweepResult` of the same prompts
+            (same layers and positions): drawn beside the estimate on the same
+            colour scale, with a scatter of estimate against effect and their
+            rank correlation in its title.
+        label: what the number is (colorbar), e.g. ``"Δ p(' Paris')"``.
+        title: the figure title.
+
+    Returns:
+        a matplotlib ``Figure``.
+    """
+    Figure = _pyplot()
+    grids = [("attribution estimate", torch.as_tensor(result.estimate, dtype=torch.float32).detach().cpu())]
+    if sweep is not None:
+        grids.append(("patching effect", torch.as_tensor(sweep.effect, dtype=torch.float32).detach().cpu()))
+    positions = list(result.positions)
+    names = _token_labels([result.tokens[p] for p in positions], len(positions)) if result.tokens else [str(p) for p in positions]
+    finite = torch.cat([g[torch.isfinite(g)] for _, g in grids])
+    bound = float(finite.abs().max()) if finite.numel() else 1.0
+    bound = bound or 1.0
+    columns = len(grids) + (1 if sweep is not None else 0)
+    fig = Figure(figsize=(columns * max(4.0, 0.45 * len(names) + 2.0), max(2.8, 0.4 * len(result.layers) + 1.8)), layout="constrained")
+    axes = fig.subplots(1, columns, squeeze=False)[0]
+    from matplotlib import colormaps
+
+    cmap = colormaps["RdBu_r"].with_extremes(bad="0.8")
+    for ax, (name, grid) in zip(axes, grids):
+        image = ax.imshow(grid.numpy(), aspect="auto", cmap=cmap, vmin=-bound, vmax=bound, interpolation="nearest")
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
+        ax.set_yticks(range(len(result.layers)), [str(layer) for layer in result.layers], fontsize=8)
+        ax.set_xlabel("position (state after this token)")
+        ax.set_ylabel("layer")
+        ax.set_title(name)
+    fig.colorbar(image, ax=list(axes[: len(grids)]), label=label)
+    if sweep is not None:
+        estimate, effect = grids[0][1].flatten(), grids[1][1].flatten()
+        keep = torch.isfinite(estimate) & torch.isfinite(effect)
+        ax = axes[-1]
+        ax.scatter(effect[keep].numpy(), estimate[keep].numpy(), s=12)
+        ax.axline((0, 0), slope=1, color="black", linewidth=0.8)
+        ax.set_xlabel("patching effect")
+        ax.set_ylabel("estimate")
+        ax.set_title(f"rank correlation {rank_correlation(estimate[keep], effect[keep]):.2f}")
+    fig.suptitle(title)
     return fig
 
 

@@ -102,7 +102,7 @@ def _vocabulary_size(model: Any) -> int:
     return int(model.lm_head._module.weight.shape[0])
 
 
-def _target_id(model: Any, target: int | str) -> int:
+def target_id(model: Any, target: int | str) -> int:
     if isinstance(target, torch.Tensor) and target.numel() == 1 and not target.is_floating_point():
         target = int(target)  # `probs.argmax()`
     if isinstance(target, int) and not isinstance(target, bool):
@@ -121,7 +121,7 @@ def _target_id(model: Any, target: int | str) -> int:
     raise WrongType(f"target_token takes a token id (an int) or a one-token string, got {type(target).__name__}")
 
 
-def _recurrent_layers(model: Any, layers: Sequence[int] | None) -> list:
+def recurrent_layers(model: Any, layers: Sequence[int] | None) -> list:
     recurrent = [i for i, layer in enumerate(model.layers) if getattr(layer, "linear_attn", None) is not None]
     if layers is None:
         if not recurrent:
@@ -134,7 +134,7 @@ def _recurrent_layers(model: Any, layers: Sequence[int] | None) -> list:
     return list(layers)
 
 
-def _positions(positions: Sequence[int] | None, n_clean: int, n_donor: int) -> list:
+def sweep_positions(positions: Sequence[int] | None, n_clean: int, n_donor: int) -> list:
     limit = min(n_clean, n_donor)
     if positions is None:
         return list(range(limit))
@@ -202,11 +202,11 @@ def patch_sweep(
     """
     from tqdm.auto import tqdm
 
-    target = _target_id(model, target_token)
-    layers = _recurrent_layers(model, layers)
+    target = target_id(model, target_token)
+    layers = recurrent_layers(model, layers)
     clean_ids = model.tokenizer(clean_prompt).input_ids
     n_donor = len(model.tokenizer(donor_prompt).input_ids)
-    positions = _positions(positions, len(clean_ids), n_donor)
+    positions = sweep_positions(positions, len(clean_ids), n_donor)
     tokens = model.tokenizer.convert_ids_to_tokens(clean_ids)
     probs = torch.full((len(layers), len(positions)), float("nan"))
     complete = False

@@ -52,13 +52,25 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..core.calls import pinned
+from ..core.calls import mediator, pinned
 from ..core.dims import BATCH, CHANNELS, SEQ, STATE_SIZE
+from ..core.errors import NnterpError
 from ..core.values import DerivedEProperty
 from ..fast.effective import SCAN_ATTENTION
-from ..recurrent.arguments import CHANNELS_FIRST, ONE_TOKEN, SAME, assign_step, served_step
+from ..recurrent.arguments import (
+    CHANNELS_FIRST,
+    ONE_TOKEN,
+    SAME,
+    assign_step,
+    kernel_waiting,
+    served_betas,
+    served_step,
+)
 from ..recurrent.call import Call
-from ..recurrent.kernels import needs_torch_kernels
+from ..recurrent.gradients import on_the_path, recording
+from ..recurrent.kernels import drill, modeling_of, needs_torch_kernels
+from ..recurrent.labels import Label, call_label
+from ..recurrent.per_token.loop import needs_recurrent_routing
 from .conv import conv_state_input, conv_state_output
 from .recurrent import RecurrentMixer, kernel_argument
 
@@ -113,19 +125,42 @@ class SelectiveScan(RecurrentMixer):
     attention_values = kernel_argument("x", "x, what each token writes (after the convolution), [batch, seq, channels]", Channels)
     dt = kernel_argument("dt", "the time step before its bias and softplus, [batch, seq, channels]", Channels)
 
+    #: The prompt kernel's ``torch.exp(A * Δ)``, whose input is the log decay (``None`` where the kernel has none).
+    DECAY_OP = Label()
+
+    @classmethod
+    def find_labels(cls, hf_mixer: type) -> dict:
+        labels = super(SelectiveScan, cls).find_labels(hf_mixer)
+        try:
+            labels["DECAY_OP"] = call_label(cls.loop_body(modeling_of(hf_mixer)), "torch_exp")
+        except NnterpError:
+            labels["DECAY_OP"] = None
+        return labels
+
     def _decays(self) -> torch.Tensor:
         # The kernel's exp(A[None, :, None, :] * Δ[..., None]), tokens first.
         return served_step(self)[..., None] * self._serve("A").float()
 
+    def _decays_value(self) -> torch.Tensor:
+        """The log decays; under autograd, the very tensor the prompt kernel exponentiates (so .grad reaches it)."""
+        call = self._record()
+        if recording(self._serve("dt")) and not call.decodes and self.DECAY_OP is not None and kernel_waiting(self):
+            if needs_recurrent_routing(self) is None:
+                node = getattr(drill(call.op), self.DECAY_OP)
+                with pinned(mediator().occurrence(f"{node.path}.input")):
+                    args, _ = node.inputs
+                return on_the_path(args[0].transpose(1, 2))  # [batch, channels, seq, state] -> tokens first
+        return self._decays()
+
     betas = DerivedEProperty(
-        served_step,
+        served_betas,
         assign=assign_step,
         description="the step size Δ = softplus(dt + dt_bias) > 0, [batch, seq, channels]; a write sets dt",
         unavailable=needs_torch_kernels,
         annotation=Channels,
     )
     decays = DerivedEProperty(
-        _decays,
+        _decays_value,
         description="the log decay Δ·A ≤ 0 (the state is multiplied by exp of it), [batch, seq, channels, state_size]",
         unavailable=needs_torch_kernels,
         annotation=ScanStates,

@@ -67,6 +67,8 @@ from ..recurrent.arguments import (
     SAME,
     assign_step,
     keep_unchanged,
+    reached_through,
+    served_betas,
     served_step,
 )
 from ..recurrent.call import Call
@@ -149,20 +151,25 @@ class StateSpace(RecurrentMixer):
     def _decays(self) -> torch.Tensor:
         return served_step(self) * self._A()
 
+    def _decays_value(self) -> torch.Tensor:
+        # Under autograd the kernel's dt is read through the served log decay, so its .grad reaches it.
+        decays = self._decays()
+        return reached_through(self, decays, decays / self._A())
+
     def _assign_decays(self, value: torch.Tensor) -> None:
         served = self._decays()
         check_tensor("`linear_attn.decays`", value, served)
         self.betas = keep_unchanged(value, served, value / self._A(), served_step(self))
 
     betas = DerivedEProperty(
-        served_step,
+        served_betas,
         assign=assign_step,
         description="the step size Δ = softplus(dt + dt_bias) > 0, [batch, seq, mixer_heads]; a write sets dt",
         unavailable=needs_torch_kernels,
         annotation=Gates,
     )
     decays = DerivedEProperty(
-        _decays,
+        _decays_value,
         assign=_assign_decays,
         description="the log decay Δ·A ≤ 0 (the state is multiplied by exp of it), [batch, seq, mixer_heads]; a write sets dt",
         unavailable=needs_torch_kernels,

@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from .buffers import empty_states
-from .scan import fill_states
+from .scan import carry, differentiable, fill_states
 
 #: Tokens per chunk of the UT transform, as transformers' chunk kernel.
 CHUNK_SIZE = 64
@@ -156,6 +156,7 @@ def _delta_states(query, key, value, g, beta, initial_state, use_qk_l2norm, l2no
         start = value.new_zeros(batch, heads, k_dim, v_dim, dtype=torch.float32)
     else:
         start = initial_state.to(device=value.device, dtype=torch.float32)
+    graph = differentiable(start, q, k, v, gc, betas)
     for m in range(chunks):
         first, length = m * size, min(size, seq - m * size)
         qm, km, vm, cm, bm = q[:, :, m], k[:, :, m], v[:, :, m], cum[:, :, m], betas[:, :, m]
@@ -169,7 +170,7 @@ def _delta_states(query, key, value, g, beta, initial_state, use_qk_l2norm, l2no
             inter = (qm * cm.exp()) @ start
             outputs[:, :, m] = inter + _decay_and_scores(km, cm, causal, qm)[1] @ delta
         fill_states(out, first, start, gc[:, :, m, :length], km[:, :, :length], delta[:, :, :length])
-        start = out[:, first + length - 1]  # a view: the next chunk's S_0
+        start = carry(out[:, first + length - 1], graph)  # a view (a copy under autograd): the next chunk's S_0
     if want_output:
         return outputs.reshape(batch, heads, chunks * size, v_dim)[:, :, :seq].transpose(1, 2), out
     return out

@@ -47,13 +47,24 @@ def fill_states(out: torch.Tensor, first: int, start: torch.Tensor, g: torch.Ten
     """
     fill = FILL if fill is None else fill
     n = g.shape[2]
+    graph = differentiable(start, g, a, b)
     for at in range(0, n, BLOCK):
         stop = min(n, at + BLOCK)
-        _fill_block(out, first + at, start, g[:, :, at:stop], a[:, :, at:stop], b[:, :, at:stop], fill)
-        start = out[:, first + stop - 1]
+        _fill_block(out, first + at, start, g[:, :, at:stop], a[:, :, at:stop], b[:, :, at:stop], fill, graph)
+        start = carry(out[:, first + stop - 1], graph)
 
 
-def _fill_block(out, first, start, g, a, b, fill):
+def differentiable(*tensors: torch.Tensor) -> bool:
+    """Whether autograd records a computation on ``tensors`` (then ``out=`` and in-place reuse are avoided)."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def carry(state: torch.Tensor, graph: bool) -> torch.Tensor:
+    """A state of ``out`` the next tokens start from: a copy under autograd (``out`` is written on, and the graph keeps it)."""
+    return state.clone() if graph else state
+
+
+def _fill_block(out, first, start, g, a, b, fill, graph=False):
     batch, heads, n, rows = a.shape
     cols = b.shape[-1]
     runs = -(-n // fill)
@@ -83,6 +94,12 @@ def _fill_block(out, first, start, g, a, b, fill):
         for row in range(batch):
             # One batch row of a run is contiguous in out: the matmul adds into it in place.
             view = target[row]
+            if graph:
+                # Differentiable: no out= (autograd refuses it), an in-place write autograd records.
+                decayed = scale[row, run, :length] * start[row, None]
+                product = torch.bmm(left[row, run, :length].reshape(-1, rows, fill), right[row, run, :length].reshape(-1, fill, cols))
+                view.copy_(decayed + product.view(decayed.shape))
+                continue
             torch.mul(scale[row, run, :length], start[row, None], out=view)
             view.view(-1, rows, cols).baddbmm_(left[row, run, :length].view(-1, rows, fill), right[row, run, :length].view(-1, fill, cols))
-        start = out[:, at + length - 1]
+        start = carry(out[:, at + length - 1], graph)

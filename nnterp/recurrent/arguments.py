@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.values import check_tensor, select_from
+from .gradients import graft, on_the_path, recording
 
 Where = int | str
 
@@ -70,7 +71,10 @@ def serve(table: Signature, name: str, call: tuple) -> Any:
         return None
     where, layout = slot
     element = select_from(call, where)
-    return layout.read(element) if isinstance(element, torch.Tensor) else element
+    if not isinstance(element, torch.Tensor):
+        return element
+    # Another layout is a view of what the kernel consumes: its .grad is read off that tensor's.
+    return element if layout is SAME else on_the_path(layout.read(element))
 
 
 def named(table: Signature, call: tuple) -> dict:
@@ -112,6 +116,33 @@ def keep_unchanged(new: torch.Tensor, served: torch.Tensor, computed: torch.Tens
 def served_step(mixer: Any) -> torch.Tensor:
     """Δ of a Mamba mixer's call, tokens first, from its ``dt``, ``dt_bias``, ``dt_softplus`` (and ``dt_limit``)."""
     return step_size(mixer._serve("dt"), mixer._serve("dt_bias"), bool(mixer._serve("dt_softplus")), mixer._serve("dt_limit"))
+
+
+def kernel_waiting(mixer: Any) -> bool:
+    """Whether this call's kernel has not started yet, so its arguments can still be rewritten."""
+    call = mixer._record()
+    return call.occurrences(f"{call.op.path}.input") <= call.started
+
+
+def reached_through(mixer: Any, served: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """``served`` (Δ, or a value computed from it), made what the kernel's ``dt`` is read through, under autograd.
+
+    ``step`` is Δ recomputed from ``served``; the kernel's ``dt`` becomes a
+    `graft` of ``dt`` (the kernel sees the same numbers) on ``step_input(step)``,
+    so ``served.grad`` is the loss's derivative by it. Without autograd, or once
+    the kernel has started, ``served`` is returned as it is.
+    """
+    if recording(served) and kernel_waiting(mixer):
+        dt = mixer._serve("dt")
+        rebuilt = step_input(step, mixer._serve("dt_bias"), bool(mixer._serve("dt_softplus")))
+        mixer._assign_argument("dt", graft(served, rebuilt, dt))
+    return served
+
+
+def served_betas(mixer: Any) -> torch.Tensor:
+    """The ``betas`` value: Δ (`served_step`), which the kernel's ``dt`` is read through under autograd."""
+    step = served_step(mixer)
+    return reached_through(mixer, step, step)
 
 
 def assign_step(mixer: Any, value: Any) -> None:

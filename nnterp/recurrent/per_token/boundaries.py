@@ -31,6 +31,7 @@ from ...core.calls import forget, mediator, per_call, pinned
 from ...core.errors import OrderError, Unavailable
 from ...core.values import check_expected
 from ..call import KERNEL_RAN, Call, order_hint
+from ..gradients import fill, on_the_path, recording, tap
 from ..kernels import drill, needs_torch_kernels
 from ..settings import per_token_setting
 from .protocol import PerToken, TokenOp
@@ -90,8 +91,10 @@ class ChunkBoundaries(PerToken):
             call.reach(0, "the state after a token", call.strategy["op"], call.strategy["first"])
             with pinned(call.strategy["first"]):
                 value = call.strategy["op"].output
+                if not call.decodes and recording(value):
+                    return self._tapped(mixer, call, value)
             # The chunk scan's index 0 is the state entering; a decode step has no seq axis.
-            return value[:, None] if call.decodes else value[:, 1:]
+            return on_the_path(value[:, None] if call.decodes else value[:, 1:])
 
         return call, per_call(mixer, "boundaries", read)
 
@@ -106,7 +109,7 @@ class ChunkBoundaries(PerToken):
         call, states = self.boundaries(mixer)
         position = call.position(t, f"state_after({t})")
         call.advance(position, f"state_after({t})")
-        return states[:, position]
+        return on_the_path(states[:, position])
 
     def set_state_after(self, mixer: Any, t: int, value: torch.Tensor) -> None:
         self.require(mixer, "set_state_after")
@@ -137,6 +140,30 @@ class ChunkBoundaries(PerToken):
         per_call(mixer, "boundaries", lambda: updated)
         call.furthest = (position, what)
         call.writes[position] = value
+
+    def _tapped(self, mixer: Any, call: Call, boundaries: torch.Tensor) -> torch.Tensor:
+        """The states after every token as a leaf the scan reads through (under autograd; pinned at the boundaries).
+
+        The scan computed every boundary at once, so the state after token
+        ``t`` reaches token ``t + 1``'s output only, not the later boundaries.
+        The boundaries the scan goes on with read the tap ``collect`` once at
+        ``t`` and through the decays at every later token, each an exact zero,
+        so ``collect``'s gradient at ``t`` is the loss's derivative by the state
+        after ``t`` as the recurrence carries it (what `set_state_after` writes).
+        """
+        states = boundaries[:, 1:]
+        collect = tap(tuple(states.shape), states)
+        zero = collect - collect.detach()
+        log = mixer._decays().detach().float()  # [batch, seq, heads]
+        total = torch.cumsum(log, dim=1)
+        gap = total[:, :, None] - total[:, None, :]  # [batch, t, s, heads]: Σ_{s<j≤t} decays_j
+        later = torch.ones(log.shape[1], log.shape[1], dtype=torch.bool, device=log.device).tril(-1)[None, :, :, None]
+        weight = gap.masked_fill(~later, float("-inf")).exp()
+        carried = torch.einsum("btsh,bshpn->bthpn", weight, zero)
+        through = torch.cat([torch.zeros_like(boundaries[:, :1]), (zero + carried).to(states.dtype)], dim=1)
+        # A sum keeps the boundaries' memory layout (a new layout changes the scan's rounding downstream).
+        call.strategy["op"].output = boundaries + through
+        return fill(collect, states.detach())
 
     def _carried(self, mixer: Any, position: int, delta: torch.Tensor) -> torch.Tensor:
         """``delta`` (the change of the state after token ``position``) as it reaches every token, ``[batch, seq, ...]``.

@@ -25,8 +25,11 @@ On a one-token decode step, ``states`` is the step's new state
 
 Differences from the routed path, all deliberate: states equal it within
 float32 rounding, not bit for bit, in a bfloat16 model too (`nnterp.fast.ssd`:
-Mamba-2's time step is rounded as the kernel rounds it); they carry no
-autograd graph (route for gradients through them); a read after a write in
+Mamba-2's time step is rounded as the kernel rounds it); under autograd they
+are a function of the kernel's arguments (a loss on them reaches the
+arguments), but the kernel never reads them, so a loss on the model's output
+has no gradient by them (route, or ``chunk_per_token`` on Mamba-2, for that;
+``set_state_after`` targets do get one, the split kernel reads them); a read after a write in
 the same call is allowed and sees the write. ``state`` under ``tracer.iter`` is not served here (there
 is no per-token location): it stays the component's own strategy.
 """
@@ -44,6 +47,7 @@ from ...core.values import check_expected, replace_in
 from ...fast.buffers import empty_states
 from ..arguments import named
 from ..call import Call, order_hint
+from ..gradients import recording
 from ..kernels import bound, modeling_of
 from .protocol import PerToken
 
@@ -101,9 +105,13 @@ class FromArguments(PerToken):
         spec = type(mixer).FAST
         arguments = call.strategy["named"]
         shape = spec.state_shape(arguments)
-        out = empty_states((shape[0], call.seq, *shape[1:]), call.expected[2])
-        # States are read, not trained through: no graph (the routed path's, built token by token, has one).
-        with torch.no_grad():
+        differentiable = recording() and any(recording(x) for x in arguments.values())
+        # Without autograd, into the reused buffer with no graph; with it, into a fresh tensor, as a function of the
+        # arguments (a loss on the states reaches them). The kernel never reads these states, so no later loss does.
+        out = torch.empty((shape[0], call.seq, *shape[1:]), device=call.expected[2]) if differentiable else empty_states(
+            (shape[0], call.seq, *shape[1:]), call.expected[2]
+        )
+        with torch.enable_grad() if differentiable else torch.no_grad():
             for lo, hi, initial in self._segments(call):
                 piece = {name: (x[:, lo:hi] if name in spec.tokens and isinstance(x, torch.Tensor) else x) for name, x in arguments.items()}
                 piece["state"] = initial

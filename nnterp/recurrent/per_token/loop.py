@@ -26,6 +26,7 @@ from ...core.calls import mediator, pinned
 from ...core.errors import Unavailable
 from ...core.values import check_expected
 from ..call import KERNEL_RAN, Call
+from ..gradients import fill, recording, tap
 from ..kernels import bound, drill, modeling_of, needs_torch_kernels, torch_function
 from ..settings import runs_remotely
 from .protocol import PerToken, TokenOp
@@ -96,10 +97,20 @@ class TokenLoop(PerToken):
     def states(self, mixer: Any) -> torch.Tensor:
         call = self.require(mixer, "states")
         self._reach(call, 0, "states")
-        out = []
+        out: list = []
+        collect = None
         for position in range(call.seq):
-            out.append(self._pinned(call, position))
+            state = self._pinned(call, position)
+            out.append(state)
+            if position == 0 and recording(state):
+                collect = tap((state.shape[0], call.seq, *state.shape[1:]), state)
+            if collect is not None and position + 1 < call.seq:
+                # Token t + 1 continues from the state through the tap (an exact zero), as set_state_after writes it.
+                mixer._continue_from(call, position, state + collect[:, position])
             call.advance(position, "states")
+        if collect is not None:
+            # A leaf the later tokens read through: its gradient at t is the loss's derivative by the state after t.
+            return fill(collect, torch.stack([s.detach() for s in out], 1))
         return torch.stack(out, 1)
 
     def state_after(self, mixer: Any, t: int) -> torch.Tensor:

@@ -1,0 +1,173 @@
+"""Gradients through served values: ``.grad`` inside ``with loss.backward():`` on every recurrent kind.
+
+Oracles: the values are the same bit for bit with autograd on; a gradient's
+directional derivative matches central finite differences of the same loss
+measured by writing the value (``set_state_after``, an assignment); a derived
+value's gradient matches the chain rule from the one it is computed from.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nnterp
+
+#: The first family of each distinct recurrent mixer.
+KINDS = ("qwen3_5_text", "kimi_linear", "mamba", "mamba2")
+PROMPT = "The quick brown fox jumps over"
+
+
+def per_token(model):
+    """The model's per-token setting: routed kernels, or chunk_per_token on Mamba-2."""
+    if model.family.MIXER.CHUNKED_SCAN:
+        return nnterp.chunk_per_token(model)
+    return nnterp.route_kernels(model.family, "torch")
+
+
+def recurrent(model):
+    return [i for i, layer in enumerate(model.layers) if getattr(layer, "linear_attn", None) is not None]
+
+
+def metric(model):
+    logits = model.logits[0, -1]
+    return logits.log_softmax(-1)[3] + 0.1 * logits.logsumexp(-1)
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def model(request, load):
+    return load(request.param)
+
+
+def ids_of(model):
+    return model.tokenizer(PROMPT, return_tensors="pt").input_ids
+
+
+def central_difference(model, ids, write) -> list:
+    """``(metric(+eps) - metric(-eps)) / 2 eps`` for eps in `STEPS`, where ``write(eps)`` writes inside a trace."""
+    found = []
+    for eps in STEPS:
+        values = []
+        for sign in (1, -1):
+            with torch.no_grad(), model.trace(ids):
+                write(sign * eps)
+                values.append(metric(model).save())
+        found.append(float((values[0] - values[1]) / (2 * eps)))
+    return found
+
+
+#: Finite-difference steps: float32 noise grows as a step shrinks, curvature as it grows; one must agree.
+STEPS = (1e-2, 3e-3)
+
+
+def agrees(analytic: float, numeric: list, scale: float) -> bool:
+    return any(abs(analytic - n) <= 3e-2 * abs(n) + 1e-6 * scale / eps for n, eps in zip(numeric, STEPS))
+
+
+def test_states_grad_matches_finite_differences(model):
+    ids = ids_of(model)
+    layer = recurrent(model)[0]
+    mix = model.layers[layer].linear_attn
+    with per_token(model):
+        with torch.no_grad(), model.trace(ids):
+            plain = mix.states.save()
+            plain_logits = model.logits.save()
+        with model.trace(ids):
+            states = mix.states.save()
+            logits = model.logits.save()
+            loss = metric(model).save()
+            with loss.backward():
+                grad = states.grad.save()
+        assert torch.equal(states.detach(), plain), "the states change with autograd on"
+        assert torch.equal(logits.detach(), plain_logits), "the logits change with autograd on"
+        assert grad.shape == states.shape and grad[:, :-1].abs().sum() > 0
+        generator = torch.Generator().manual_seed(0)
+        for t in (1, ids.shape[1] - 3):
+            direction = torch.randn(plain[:, t].shape, generator=generator) * plain[:, t].abs().mean()
+            numeric = central_difference(model, ids, lambda e, t=t, d=direction: mix.set_state_after(t, plain[:, t] + e * d))
+            analytic = float((grad[:, t] * direction).sum())
+            assert agrees(analytic, numeric, float(abs(loss))), (model.family.NAME, t, analytic, numeric)
+
+
+@pytest.mark.parametrize("name", ["attention_queries", "attention_keys", "attention_values", "decays", "betas", "dt"])
+def test_argument_grad_matches_finite_differences(model, name):
+    ids = ids_of(model)
+    mix = model.layers[recurrent(model)[0]].linear_attn
+    if name not in type(mix).values():
+        pytest.skip(f"{type(mix).__name__} serves no {name}")
+    with model.trace(ids):
+        value = getattr(mix, name).save()
+        loss = metric(model).save()
+        with loss.backward():
+            grad = value.grad.save()
+    assert grad.shape == value.shape and grad.abs().sum() > 0
+    if not type(mix).values()[name].writable:
+        pytest.skip(f"{name} is read-only here: checked by the chain rule instead")
+    # Relative to each entry, so a positive value (β, Δ) stays positive.
+    direction = torch.randn(value.shape, generator=torch.Generator().manual_seed(1)) * value.detach()
+    numeric = central_difference(model, ids, lambda e: setattr(mix, name, value.detach() + e * direction))
+    analytic = float((grad * direction).sum())
+    assert agrees(analytic, numeric, float(abs(loss))), (model.family.NAME, name, analytic, numeric)
+
+
+def test_mamba_decays_grad_reaches_A(load):
+    # Mamba-1's log decay D = Δ ⊗ A is the kernel's only use of A: dL/dA[c, n] = Σ_{b, s} dL/dD[b, s, c, n] · Δ[b, s, c].
+    model = load("mamba")
+    mix = model.layers[0].linear_attn
+    with model.trace(ids_of(model)):
+        A = mix.argument("A").save()
+        betas = mix.betas.save()
+        decays = mix.decays.save()
+        loss = metric(model).save()
+        with loss.backward():
+            g_decays = decays.grad.save()
+            g_A = A.grad.save()
+    torch.testing.assert_close(g_A, (g_decays * betas.detach()[..., None]).sum((0, 1)), rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "kimi_linear", "mamba2"])
+def test_fast_states_are_a_function_of_the_arguments(load, model_type):
+    # The fast path's states under autograd: the same values as without, and a loss on them reaches the arguments.
+    model = load(model_type)
+    ids = ids_of(model)
+    mix = model.layers[recurrent(model)[0]].linear_attn
+    name = "attention_values"
+    with nnterp.fast_states(model):
+        with torch.no_grad(), model.trace(ids):
+            plain = mix.states.save()
+        with model.trace(ids):
+            value = getattr(mix, name).save()
+            states = mix.states.save()
+    torch.testing.assert_close(states.detach(), plain, rtol=1e-5, atol=1e-7)  # float32 rounding (no out= under autograd)
+    weights = torch.randn(states.shape, generator=torch.Generator().manual_seed(2))
+    (grad,) = torch.autograd.grad((states * weights).sum(), value, retain_graph=True)
+    assert grad.abs().sum() > 0
+    # Against the kernel's own final state, a function of the same argument.
+    with model.trace(ids):
+        kernel_value = getattr(mix, name).save()
+        final = mix.state_output.save()
+    (expected,) = torch.autograd.grad((final * weights[:, -1]).sum(), kernel_value)
+    (last,) = torch.autograd.grad((states[:, -1] * weights[:, -1]).sum(), value)
+    torch.testing.assert_close(last, expected, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("strategy", ["own", "fast"])
+def test_set_state_after_target_grad_matches_finite_differences(model, strategy):
+    ids = ids_of(model)
+    mix = model.layers[recurrent(model)[0]].linear_attn
+    if strategy == "fast" and type(mix).FAST is None:
+        pytest.skip(f"{type(mix).__name__} has no fast path")
+    t = 2
+    with per_token(model) if strategy == "own" else nnterp.fast_states(model):
+        with torch.no_grad(), model.trace(ids):
+            clean = mix.state_after(t).save()
+        target = (clean * 1.1).requires_grad_(True)
+        with model.trace(ids):
+            mix.set_state_after(t, target)
+            loss = metric(model).save()
+            with loss.backward():
+                grad = target.grad.save()
+        direction = torch.randn(clean.shape, generator=torch.Generator().manual_seed(3)) * clean.abs().mean()
+        numeric = central_difference(model, ids, lambda e: mix.set_state_after(t, target.detach() + e * direction))
+    analytic = float((grad * direction).sum())
+    assert agrees(analytic, numeric, float(abs(loss))), (model.family.NAME, analytic, numeric)
