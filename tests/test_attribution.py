@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from nnterp.attribution import AttributionResult, rank_correlation, state_attribution
+from nnterp.families import families
 from nnterp.sweep import patch_sweep, per_token_states
 
-KINDS = ("qwen3_5_text", "kimi_linear", "mamba", "mamba2")
+KINDS = tuple(sorted({family.MIXER: family.NAME for family in reversed(families()) if family.MIXER is not None}.values()))
 CLEAN = "The quick brown fox jumps over"
 CORRUPT = "A lazy dog sleeps under the"
 

@@ -116,15 +116,17 @@ def generate_steps(model: StandardizedTransformer, layer: int | None, remote: bo
 
 
 def per_token(model: StandardizedTransformer, layer: int, remote: bool) -> dict:
+    # Gradient mode as a server runs the block (a client's `torch.no_grad()` does not travel): under autograd the
+    # fast path builds its states differentiably, so both sides must take the same path to compare bit for bit.
     mix = model.layers[layer].linear_attn
-    with torch.no_grad(), model.trace(PROMPT, remote=remote):
+    with model.trace(PROMPT, remote=remote):
         states = mix.states.save()
     return {"states": states}
 
 
 def per_token_write(model: StandardizedTransformer, layer: int, remote: bool) -> dict:
     mix = model.layers[layer].linear_attn
-    with torch.no_grad(), model.trace(PROMPT, remote=remote):
+    with model.trace(PROMPT, remote=remote):  # gradient mode as on a server (see per_token)
         first = mix.state_after(0).save()
         mix.set_state_after(1, 2 * first)
         after = mix.state_after(2).save()
