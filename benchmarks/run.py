@@ -68,8 +68,17 @@ def main(argv: list | None = None) -> dict:
         os.environ.setdefault(name, str(args.threads))
     import torch
 
+    threads, grad = torch.get_num_threads(), torch.is_grad_enabled()
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
+    try:
+        return _measure(args, argv)
+    finally:  # a caller in the same process (the tests) gets its settings back
+        torch.set_grad_enabled(grad)
+        torch.set_num_threads(threads)
+
+
+def _measure(args: argparse.Namespace, argv: list | None) -> dict:
     from . import cases
     from .timing import interleave, summary
 
