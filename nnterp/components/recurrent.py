@@ -36,12 +36,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from jaxtyping import Float
 from nnsight.intervention.interleaver import Mediator
-from torch import Tensor
 
 from ..core.calls import mediator, per_call, pinned  # noqa: F401  (per_call, pinned: documented here)
-from ..core.dims import BATCH, MIXER_HEADS, SEQ, Hidden, State, States, Values
+from ..core.dims import Hidden, State, States
 from ..core.errors import NnterpError, Unavailable
 from ..core.standard import Standard
 from ..core.values import DerivedEProperty, Key, check_expected, check_tensor, module_output, replace_in, select_from
@@ -55,6 +53,7 @@ from ..recurrent.per_token import iteration_strategy, strategy_for
 from ..recurrent.per_token.loop import TOKEN_LOOP, TokenOp, needs_recurrent_routing
 from ..recurrent.routing import route_delta_rule, route_kernels, track  # noqa: F401  (documented here)
 from ..recurrent.settings import REMOTE
+from . import effective_attention as effective
 
 __all__ = [
     "RecurrentMixer", "kernel", "needs_torch_kernels", "needs_recurrent_routing", "route_kernels",
@@ -67,30 +66,12 @@ _NO_CACHE = (
 )
 
 
-#: ``[batch, mixer_heads, seq, seq]``: rows are the output's tokens t, columns the values' tokens s.
-EffectiveAttention = Float[Tensor, f"{BATCH} {MIXER_HEADS} {SEQ} {SEQ}"]
-
-
 def _per_token_reason(mixer: RecurrentMixer) -> str | None:
     return strategy_for(mixer).unavailable(mixer)
 
 
 def _iteration_reason(mixer: RecurrentMixer) -> str | None:
     return iteration_strategy(mixer).unavailable(mixer)
-
-
-def _effective_reason(mixer: RecurrentMixer) -> str | None:
-    if type(mixer).EFFECTIVE is None:
-        return f"{type(mixer).__name__} has no effective attention"
-    return needs_torch_kernels(mixer)
-
-
-def _effective_attention(mixer: RecurrentMixer) -> torch.Tensor:
-    return mixer._effective(None, None, True)[0]
-
-
-def _state_input_readout(mixer: RecurrentMixer) -> torch.Tensor | None:
-    return mixer._effective(None, None, False)[1]
 
 
 class RecurrentMixer(Standard):
@@ -394,58 +375,13 @@ class RecurrentMixer(Standard):
         annotation=State,
     )
 
-    # -- effective attention: the kernel output's coefficients on the values ----------------
+    # -- effective attention: the kernel output's coefficients on the values (effective_attention.py) ------
 
-    effective_attention = DerivedEProperty(
-        _effective_attention,
-        description=(
-            "the exact effective attention A[t, s]: the kernel's output at t is sum_s A[t, s] * attention_values[s] "
-            "(+ state_input_readout), [batch, mixer_heads, seq, seq], float32; 4*batch*mixer_heads*seq^2 bytes "
-            "(effective_attention_of(positions=...) keeps it bounded)"
-        ),
-        unavailable=_effective_reason,
-        annotation=EffectiveAttention,
-    )
-    state_input_readout = DerivedEProperty(
-        _state_input_readout,
-        description=(
-            "the part of the kernel's output read from the state entering the call (the rest of it is "
-            "sum_s effective_attention[t, s] * attention_values[s]), [batch, seq, mixer_heads, value_dim]; None on a fresh prompt"
-        ),
-        unavailable=_effective_reason,
-        annotation=Values,
-        none_on_fresh_prompt=True,
-    )
-
-    def effective_attention_of(self, positions: Any = None, heads: Any = None, channels: Any = None) -> torch.Tensor:
-        """Rows ``positions`` of `effective_attention`, for some heads (Mamba-1: ``channels``) only.
-
-        ``positions``, ``heads``, ``channels``: ``None`` (all), an int, a
-        slice, a range, a list or a tensor of indices (negative ones count
-        from the end), in the order given. The result is ``[batch,
-        len(heads or channels), len(positions), seq]``, float32, and costs
-        ``4 · batch · len(heads) · len(positions) · seq`` bytes. ``heads``
-        selects a gated DeltaNet's value heads or Mamba-2's heads, ``channels``
-        Mamba-1's channels; the other one raises.
-        """
-        what = "linear_attn.effective_attention_of"
-        reason = _effective_reason(self)
-        if reason is not None:
-            raise Unavailable(what, reason)
-        mediator(f"`{what}`")
-        axis = type(self).EFFECTIVE.axis
-        chosen, other = (heads, channels) if axis == "heads" else (channels, heads)
-        if other is not None:
-            wrong = "channels" if axis == "heads" else "heads"
-            raise NnterpError(f"`{what}`: {type(self).__name__}'s effective attention has one pattern per {axis[:-1]}: pass {axis}=, not {wrong}=")
-        return self._effective(positions, chosen, True)[0]
-
-    def _effective(self, positions: Any, selection: Any, coefficients: bool) -> tuple:
-        """``(A, readout)`` of this call, from its kernel's arguments by name, tokens first."""
-        call = self._record()
-        table = self._table(call)
-        served = {name: arguments.serve(table, name, call.arguments) for name in table}
-        return type(self).EFFECTIVE.compute(served, positions, selection, coefficients)
+    EFFECTIVE: EffectiveSpec | None = None
+    effective_attention = effective.EFFECTIVE_ATTENTION
+    state_input_readout = effective.STATE_INPUT_READOUT
+    effective_attention_of = effective.effective_attention_of
+    _effective = effective.effective_values
 
     # -- the state after every token: one declaration, served by the chosen strategy -------
 
