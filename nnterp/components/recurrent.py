@@ -42,7 +42,7 @@ from ..core.calls import mediator, per_call, pinned  # noqa: F401  (per_call, pi
 from ..core.dims import Hidden, State, States
 from ..core.errors import NnterpError, Unavailable
 from ..core.standard import Standard
-from ..core.values import DerivedEProperty, Key, check_expected, check_tensor, module_output, replace_in, select_from
+from ..core.values import DerivedEProperty, Key, check_tensor, module_output, replace_in, select_from
 from ..fast.effective import EffectiveSpec
 from ..fast.specs import FastSpec
 from ..recurrent import arguments
@@ -53,6 +53,7 @@ from ..recurrent.per_token import iteration_strategy, strategy_for
 from ..recurrent.per_token.loop import TOKEN_LOOP, TokenOp, needs_recurrent_routing
 from ..recurrent.routing import route_delta_rule, route_kernels, track  # noqa: F401  (documented here)
 from ..recurrent.settings import REMOTE
+from . import call_state
 from . import effective_attention as effective
 
 __all__ = [
@@ -60,10 +61,6 @@ __all__ = [
     "route_delta_rule", "per_call", "pinned",
 ]
 
-_NO_CACHE = (
-    "this call runs without a cache, so its kernel returns no final state: run it with use_cache=True "
-    "(the default of a trace and of generate)"
-)
 
 
 def _per_token_reason(mixer: RecurrentMixer) -> str | None:
@@ -305,57 +302,11 @@ class RecurrentMixer(Standard):
 
     # -- the state entering and leaving the call ---------------------------------------
 
-    def _state_buffer(self) -> torch.Tensor:
-        """On a one-step decode: the cache's state buffer, which the kernel updates in place."""
-        return self._serve("state")
-
-    def _state_input(self) -> torch.Tensor | None:
-        state = self._serve("state")
-        # The cache overwrites the entering state's buffer in place during the call.
-        return state.clone() if state is not None else None
-
-    def _assign_state_input(self, value: Any) -> None:
-        call = self._record()
-        what = "`linear_attn.state_input`"
-        call.check_not_started(f"a write to {what}")
-        check_expected(what, value, *call.expected)
-        if call.decodes and type(self).ONE_STEP_DECODE:
-            # The kernel updates this buffer in place and nothing else writes the cache:
-            # write into it, so the step continues from value and the cache follows.
-            self._state_buffer().copy_(value)
-            return
-        if "state" not in self._table(call):
-            raise NnterpError(
-                f"{type(self).__name__}'s prompt kernel takes no initial state (it starts from zeros): assign "
-                "`state_input` on a decode step, or use set_state_after(t, value) inside the prompt"
-            )
-        self._assign_argument("state", value)
-
-    def _read_state_output(self) -> torch.Tensor:
-        call = self._record()
-        if call.decodes and type(self).ONE_STEP_DECODE:
-            buffer = self._state_buffer()
-            call.op.output  # the kernel has returned: the buffer holds the new state
-            return buffer.clone()
-        output = call.op.output
-        if not isinstance(output, tuple) or output[self.FINAL_STATE] is None:
-            raise Unavailable("linear_attn.state_output", _NO_CACHE)
-        return output[self.FINAL_STATE]
-
-    def _write_state_output(self, value: Any) -> None:
-        call = self._record()
-        what = "`linear_attn.state_output`"
-        if call.decodes and type(self).ONE_STEP_DECODE:
-            buffer = self._state_buffer()
-            call.op.output
-            check_tensor(what, value, buffer)
-            buffer.copy_(value)
-            return
-        output = call.op.output
-        if not isinstance(output, tuple) or output[self.FINAL_STATE] is None:
-            raise Unavailable("linear_attn.state_output", _NO_CACHE)
-        check_tensor(what, value, output[self.FINAL_STATE])
-        call.op.output = replace_in(output, self.FINAL_STATE, value)
+    _state_buffer = call_state.state_buffer
+    _state_input = call_state.read_state_input
+    _assign_state_input = call_state.assign_state_input
+    _read_state_output = call_state.read_state_output
+    _write_state_output = call_state.write_state_output
 
     state_input = DerivedEProperty(
         _state_input,
