@@ -68,6 +68,7 @@ import torch
 import torch.nn.functional as F
 
 from .delta import CHUNK_SIZE, rsqrt_l2norm, sqrt_l2norm
+from .step import step_size
 
 #: Elements a temporary block may hold (float32: 64 MiB) on the scans.
 BLOCK_ELEMENTS = 1 << 24
@@ -231,12 +232,7 @@ def _scores(x: torch.Tensor, k: torch.Tensor, cum: torch.Tensor, causal: torch.T
 
 def time_step(dt: torch.Tensor, dt_bias: torch.Tensor | None, dt_softplus: bool, dt_limit: tuple | None) -> torch.Tensor:
     """Δ as the kernels compute it, in ``dt``'s dtype, then float32: ``clamp(softplus(dt + dt_bias), dt_limit)``."""
-    step = dt + dt_bias.to(dt.dtype) if dt_bias is not None else dt
-    if dt_softplus:
-        step = F.softplus(step)
-    if dt_limit is not None:
-        step = step.clamp(min=dt_limit[0], max=dt_limit[1])
-    return step.float()
+    return step_size(dt, dt_bias, dt_softplus, dt_limit).float()
 
 
 def ssd_attention(

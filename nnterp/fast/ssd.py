@@ -30,10 +30,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from .buffers import empty_states
 from .scan import fill_states
+from .step import step_size
 
 
 def ssd_states(
@@ -86,12 +86,7 @@ def ssd_states(
         out = empty_states(shape, x.device)
     elif tuple(out.shape) != shape or out.dtype != torch.float32:
         raise ValueError(f"out must be float32 {shape}, got {out.dtype} {tuple(out.shape)}")
-    step = dt.to(dt_dtype or dt.dtype)
-    if dt_bias is not None:
-        step = step + dt_bias.to(step.dtype)
-    if dt_softplus:
-        step = F.softplus(step)
-    step = step.clamp(min=dt_limit[0], max=dt_limit[1]).float()  # Δ, [b, seq, h]
+    step = step_size(dt.to(dt_dtype or dt.dtype), dt_bias, dt_softplus, dt_limit).float()  # Δ, [b, seq, h]
     log_decay = (step * A.float()).transpose(1, 2)[..., None]  # [b, h, seq, 1], ≤ 0
     writes = (x.float() * step[..., None]).transpose(1, 2)  # Δx, [b, h, seq, p]
     keys = _per_head(B.float(), heads).transpose(1, 2)  # [b, h, seq, n]

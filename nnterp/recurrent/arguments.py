@@ -23,9 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ..core.values import check_tensor, select_from
+from ..fast.step import step_size
 from .gradients import graft, on_the_path, recording
 
 Where = int | str
@@ -82,15 +82,7 @@ def named(table: Signature, call: tuple) -> dict:
     return {name: select_from(call, where) for name, (where, _) in table.items()}
 
 
-# -- the step size Δ, written once for Mamba-1 and Mamba-2 -------------------------
-
-
-def step_size(dt: torch.Tensor, bias: torch.Tensor | None, softplus: bool, limit: tuple | None = None) -> torch.Tensor:
-    """Δ = clamp(softplus(dt + bias), limit), as the kernels compute it (the prompt kernel clamps, the decode kernel not)."""
-    step = dt + bias.to(dt.dtype) if bias is not None else dt
-    if softplus:
-        step = F.softplus(step)
-    return torch.clamp(step, min=limit[0], max=limit[1]) if limit is not None else step
+# -- the step size Δ (written once, in nnterp.fast.step) and its inverse ------------------
 
 
 def step_input(delta: torch.Tensor, bias: torch.Tensor | None, softplus: bool) -> torch.Tensor:

@@ -150,10 +150,10 @@ def test_a_write_of_the_wrong_shape_is_refused(load):
 def test_a_dense_block_has_no_router(model_type, load):
     model = load(model_type)
     dense = [i for i, layer in enumerate(model.layers) if layer.mlp is not None and _router(layer.mlp._module) is None]
-    if not dense:
-        assert model_type in MOE  # every block of this tiny MoE model routes: nothing dense to check here
-        return
     reasons = _reasons(model)
+    if not dense:  # every block of this tiny MoE model routes: support() must serve the value on each
+        assert model_type in MOE and all(reasons[i] is None for i, layer in enumerate(model.layers) if layer.mlp is not None)
+        return
     assert all(reasons[i] == DENSE for i in dense)
     mlp = model.layers[dense[0]].mlp
     with pytest.raises(Unavailable, match="dense: no router"):

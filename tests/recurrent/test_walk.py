@@ -19,6 +19,7 @@ STRATEGIES = {"recurrent/per_token/loop.py", "recurrent/per_token/boundaries.py"
 SHARED = {
     "components/recurrent.py", "recurrent/call.py", "recurrent/per_token/__init__.py", "recurrent/settings.py",
     "recurrent/arguments.py", "recurrent/kernels.py", "recurrent/labels.py", "core/calls.py", "core/values.py",
+    "fast/step.py",
 }
 
 
