@@ -20,7 +20,7 @@ import torch
 
 from nnterp import NnterpError, NotInTrace, OrderError, ReadOnlyValue
 from tests.reference import rg_lru as ref
-from tests.suites.checkpoint import PROMPT, CheckpointFixtures
+from tests.suites.checkpoint import CheckpointFixtures
 
 TOL = dict(rtol=1e-4, atol=2e-5)
 
