@@ -61,7 +61,7 @@ from torch import Tensor
 
 from ..core.calls import mediator, per_call, pinned
 from ..core.dims import BATCH, CONV_CHANNELS, CONV_WINDOW, LRU_WIDTH, SEQ
-from ..core.errors import NnterpError
+from ..core.errors import NnterpError, Unavailable
 from ..core.values import DerivedEProperty, FirstInput, check_expected, check_tensor
 from ..fast.effective import EffectiveSpec, indices
 from ..recurrent.arguments import SAME
@@ -69,7 +69,13 @@ from ..recurrent.call import KERNEL_RAN, Call
 from ..recurrent.kernels import needs_torch_kernels, signature_binding
 from ..recurrent.labels import Label, bindings, call_label, state_label
 from ..recurrent.per_token import strategy_for
+from . import call_state
 from .recurrent import RecurrentMixer, kernel_argument
+
+_NO_CACHE = (
+    "this call runs without a cache (use_cache=False), so nothing continues from the state leaving it: run it with "
+    "use_cache=True (the default of a trace and of generate); states[:, -1] is the state after its last token"
+)
 
 Channels = Float[Tensor, f"{BATCH} {SEQ} {LRU_WIDTH}"]
 LruState = Float[Tensor, f"{BATCH} {LRU_WIDTH}"]
@@ -275,7 +281,27 @@ class RGLRU(RecurrentMixer):
         annotation=LruState,
         none_on_fresh_prompt=True,
     )
-    state_output = RecurrentMixer.state_output.variant("the state after this call's last token, [batch, lru_width]", LruState)
+    def _read_state_output(self) -> torch.Tensor:
+        self._require_cache()
+        return call_state.read_state_output(self)
+
+    def _write_state_output(self, value: Any) -> None:
+        self._require_cache()
+        call_state.write_state_output(self, value)
+
+    def _require_cache(self) -> None:
+        # The scan returns a final state either way; without a cache nothing continues from it (the next forward
+        # starts over), so the state leaving the call is refused as on every mixer, and `states` serves it.
+        if not self._call()["use_cache"]:
+            raise Unavailable("linear_attn.state_output", _NO_CACHE)
+
+    state_output = DerivedEProperty(
+        _read_state_output,
+        assign=_write_state_output,
+        description="the state after this call's last token, what the next decode step starts from, [batch, lru_width]",
+        unavailable=needs_torch_kernels,
+        annotation=LruState,
+    )
 
     # -- the state after every token: the token loop on a prompt, the return on a decode step --
 
@@ -373,18 +399,21 @@ class RGLRU(RecurrentMixer):
         check_tensor(what, value, window)
         self._module.conv1d_state = value
 
-    def _window_leaving(self) -> torch.Tensor | None:
-        self._call()
+    def _window_kept(self) -> torch.Tensor:
+        """The window the block keeps once this call has returned."""
+        if not self._call()["use_cache"]:
+            raise NnterpError(
+                "this call runs without a cache (use_cache=False), so the block keeps no convolution window: run it "
+                "with use_cache=True (the default of a trace and of generate)"
+            )
         Mediator.value(f"{self.path}.output")
-        window = self._module.conv1d_state
-        return window.clone() if window is not None else None
+        return self._module.conv1d_state
+
+    def _window_leaving(self) -> torch.Tensor:
+        return self._window_kept().clone()
 
     def _assign_window_leaving(self, value: Any) -> None:
-        self._call()
-        Mediator.value(f"{self.path}.output")
-        window = self._module.conv1d_state
-        if window is None:
-            raise NnterpError("this call ran with use_cache=False, so the block keeps no convolution window")
+        window = self._window_kept()
         check_tensor("`linear_attn.conv_state_output`", value, window)
         self._module.conv1d_state = value
 
