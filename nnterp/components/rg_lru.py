@@ -63,7 +63,7 @@ from ..core.calls import mediator, per_call, pinned
 from ..core.dims import BATCH, CONV_CHANNELS, CONV_WINDOW, LRU_WIDTH, SEQ
 from ..core.errors import NnterpError, Unavailable
 from ..core.values import DerivedEProperty, FirstInput, check_expected, check_tensor
-from ..fast.effective import EffectiveSpec, indices
+from ..fast.rg_lru import LRU_ATTENTION
 from ..recurrent.arguments import SAME
 from ..recurrent.call import KERNEL_RAN, Call
 from ..recurrent.kernels import needs_torch_kernels, signature_binding
@@ -82,36 +82,6 @@ LruState = Float[Tensor, f"{BATCH} {LRU_WIDTH}"]
 LruStates = Float[Tensor, f"{BATCH} {SEQ} {LRU_WIDTH}"]
 ConvWindow = Float[Tensor, f"{BATCH} {CONV_CHANNELS} {CONV_WINDOW}"]
 ChannelAttention = Float[Tensor, f"{BATCH} {LRU_WIDTH} {SEQ} {SEQ}"]
-
-
-def lru_attention(a: dict, positions: Any, channels: Any, coefficients: bool) -> tuple:
-    """``(A [batch, channels, positions, seq], readout [batch, positions, channels] or None)`` of one scan call.
-
-    ``A[c, t, s] = ∏_{s<j≤t} ã_j[c]`` (1 on the diagonal, 0 above it), with
-    ``ã = a`` masked by the reset as the scan masks it; products, never a
-    difference of log sums (ã is exactly 0 at a reset).
-    """
-    gate = (a["a"] * ~a["reset"]).float()
-    seq, width = gate.shape[1], gate.shape[2]
-    chosen = indices(channels, width, "channels").to(gate.device)
-    gate = gate.index_select(2, chosen)
-    rows = indices(positions, seq, "positions")
-    readout = None
-    if a.get("state") is not None and isinstance(a["state"], torch.Tensor):
-        decayed = torch.cumprod(gate, dim=1).index_select(1, rows.to(gate.device))  # ∏_{j≤t}
-        readout = decayed * a["state"].float().index_select(1, chosen)[:, None]
-    if not coefficients:
-        return None, readout
-    out = gate.new_zeros(gate.shape[0], chosen.numel(), rows.numel(), seq)
-    for k, t in enumerate(rows.tolist()):
-        out[:, :, k, t] = 1.0
-        if t:
-            # ∏_{s<j≤t} for every s < t: a reversed cumulative product over j = t, t-1, ..., 1.
-            out[:, :, k, :t] = torch.cumprod(gate[:, 1 : t + 1].flip(1), dim=1).flip(1).transpose(1, 2)
-    return out, readout
-
-
-LRU_ATTENTION = EffectiveSpec("rg-lru scan", lru_attention, "channels")
 
 
 def _child_class(block: type, attribute: str) -> type:
