@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from nnterp import NnterpError, NotInTrace, OrderError, ReadOnlyValue
 from tests.reference import rg_lru as ref
@@ -152,6 +153,42 @@ class RGLRUSuite(CheckpointFixtures):
         assert torch.equal(tokens[:, ids.shape[1]:], expected_tokens)
         expected = ref.scan(read["u"], read["a"], torch.zeros_like(read["u"][..., :1], dtype=torch.bool), donor)
         torch.testing.assert_close(read["out"], expected[:, -1], rtol=0, atol=1e-6)
+
+    def test_a_decode_step_state_output_write_is_where_the_next_step_starts(self, model, plain, ids):
+        layer = self.LAYERS[0]
+        mix = model.layers[layer].linear_attn
+        donor = ref.prefix_states(plain, model.tokenizer("Something else entirely", return_tensors="pt").input_ids, layer)[:, -1]
+        entering = []
+        with torch.no_grad(), model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False) as tracer:
+            for step in tracer.iter[1:3]:
+                entering.append(mix.state_input.save())
+                if len(entering) == 1:
+                    mix.state_output = donor
+            tokens = tracer.result.save()
+        expected_tokens, _ = ref.greedy(plain, ids, 4, 2, layer, state=donor)
+        assert torch.equal(entering[1], donor)
+        assert torch.equal(tokens[:, ids.shape[1]:], expected_tokens)
+
+    def test_several_tokens_continuing_a_state_read_it_and_restart_the_convolution(self, model, plain, ids):
+        layer = self.LAYERS[0]
+        mix = model.layers[layer].linear_attn
+        n = ids.shape[1]
+        with torch.no_grad(), model.trace(ids[:, :4]):
+            first = mix.state_output.save()
+        got = []
+        positions = torch.arange(4, n)[None]
+        # The model returns no cache; a cache passed in keeps the forward from resetting the modules' states.
+        cache = DynamicCache(config=model._module.config)
+        with torch.no_grad(), model.trace(ids[:, 4:], cache=cache, position_ids=positions):
+            got.append(mix.state_input)
+            got.append(mix.conv_state_input)
+            states = mix.states.save()
+        # The oracle: the same two plain calls; the RG-LRU continues, the convolution pads with zeros.
+        _, cache = ref.prefill(plain, ids[:, :4])
+        with torch.no_grad():
+            plain(ids[:, 4:], cache=cache, use_cache=True, position_ids=positions)
+        assert torch.equal(got[0], first) and got[1] is None
+        torch.testing.assert_close(states[:, -1], ref.block(plain, layer).rg_lru.recurrent_states, **TOL)
 
     def test_conv_windows_are_the_modules_and_a_written_one_is_convolved(self, model, plain, ids):
         layer = self.LAYERS[0]
