@@ -34,7 +34,6 @@ from nnterp.families import REGISTRY, families
 from nnterp.testing import tiny_tokenizer
 from nnterp.testing.checkpoints import _build_model, _tokens
 
-
 #: Recurrent kinds these property tests do not draw, and why; each is covered by its own suite.
 NOT_COVERED = {
     "RGLRU": (
