@@ -61,11 +61,11 @@ from torch import Tensor
 
 from ..core.calls import mediator, per_call, pinned
 from ..core.dims import BATCH, CONV_CHANNELS, CONV_WINDOW, LRU_WIDTH, SEQ
-from ..core.errors import NnterpError, Unavailable
+from ..core.errors import NnterpError, OrderError, Unavailable
 from ..core.values import DerivedEProperty, FirstInput, check_expected, check_tensor
 from ..fast.rg_lru import LRU_ATTENTION
 from ..recurrent.arguments import SAME
-from ..recurrent.call import KERNEL_RAN, Call
+from ..recurrent.call import KERNEL_RAN, Call, order_hint
 from ..recurrent.kernels import needs_torch_kernels, signature_binding
 from ..recurrent.labels import Label, bindings, call_label, state_label
 from ..recurrent.per_token import strategy_for
@@ -104,9 +104,10 @@ def _lru_value(label: str | None, name: str, description: str) -> DerivedEProper
     """
 
     def location(envoy: RGLRU) -> str:
-        envoy._call()
-        lru = envoy._lru()
-        return f"{lru.path}.input" if label is None else f"{lru.path}.source.{getattr(envoy, label)}.output"
+        where = envoy._lru_location(label)
+        if mediator().occurrence(where) > envoy._call()["passed"][where]:
+            raise OrderError(order_hint(f"`linear_attn.{name}`", "a later value of this call (the RG-LRU had computed it)"))
+        return where
 
     def read(envoy: RGLRU) -> torch.Tensor:
         value = Mediator.value(location(envoy))
@@ -176,6 +177,11 @@ class RGLRU(RecurrentMixer):
     def _lru(self) -> Any:
         return getattr(self, self.LRU)
 
+    def _lru_location(self, label: str | None) -> str:
+        """The RG-LRU's input (``None``), or the output of the binding a `Label` named ``label`` holds."""
+        lru = self._lru()
+        return f"{lru.path}.input" if label is None else f"{lru.path}.source.{getattr(self, label)}.output"
+
     # -- which call: the scan method, decided by the call's length -----------------------
 
     def _call(self) -> dict:
@@ -188,8 +194,15 @@ class RGLRU(RecurrentMixer):
             positions = bound.get("position_ids")
             # The scan's own reset: a row at position 0 drops the state entering the call.
             resets = positions is not None and bool((positions[:, 0] == 0).all())
-            started = {self.SCAN_KERNEL: mediator().occurrence(f"{lru.path}.source.{self.SCAN_KERNEL}.input")}
-            return {"seq": hidden.shape[1], "continues": not resets, "use_cache": bound.get("use_cache", True), "kernels": started}
+            med = mediator()
+            started = {self.SCAN_KERNEL: med.occurrence(f"{lru.path}.source.{self.SCAN_KERNEL}.input")}
+            # How often the RG-LRU's values before the scan have been passed: a later request past that is too late.
+            labels = (None, "INPUT_GATE", "RECURRENCE_GATE", "LOG_DECAY")
+            passed = {where: med.occurrence(where) for where in map(self._lru_location, labels)}
+            return {
+                "seq": hidden.shape[1], "continues": not resets, "use_cache": bound.get("use_cache", True),
+                "kernels": started, "passed": passed,
+            }
 
         return per_call(self, "inputs", read)
 

@@ -231,6 +231,8 @@ class RGLRUSuite(CheckpointFixtures):
             "range": (lambda: mix.state_after(n), NnterpError, "outside"),
             "later read first": (lambda: (mix.state_after(3), mix.set_state_after(1, good)), OrderError, "increasing order"),
             "argument after the scan": (lambda: (mix.states, setattr(mix, "recurrent_gate", mix.recurrent_gate)), OrderError, "kernel had started"),
+            "gate after the scan": (lambda: (mix.recurrent_gate, mix.input_gate), OrderError, "RG-LRU had computed it"),
+            "x after a gate": (lambda: (mix.decays, setattr(mix, "lru_input", mix.decays)), OrderError, "RG-LRU had computed it"),
             "prompt state_input": (lambda: setattr(mix, "state_input", good), NnterpError, "position 0"),
             "prompt conv window": (lambda: setattr(mix, "conv_state_input", torch.zeros(1, 1, 1)), NnterpError, "several-token"),
             "read-only": (lambda: setattr(mix, "states", None), ReadOnlyValue, "set_state_after"),
