@@ -163,6 +163,15 @@ def test_next_token_probs_of_a_left_padded_batch_is_each_prompt_alone(case):
     assert len(model.tokenizer(PROMPT).input_ids) != len(model.tokenizer(OTHER).input_ids)
     with torch.no_grad(), model.trace([PROMPT, OTHER]):
         batch = model.next_token_probs.save()
+    if model.family.PADDING_DIFFERS is not None:
+        # transformers' own forward mixes the padding into the row: nnterp must serve exactly what it computes.
+        hf = AutoModelForCausalLM.from_pretrained(case[2]).eval()
+        inputs = model.tokenizer([PROMPT, OTHER], return_tensors="pt", padding=True)
+        positions = (inputs.attention_mask.cumsum(-1) - 1).clamp(min=0)  # as nnsight supplies them for a padded row
+        with torch.no_grad():
+            logits = hf(**inputs, position_ids=positions).logits[:, -1]
+        torch.testing.assert_close(batch, torch.softmax(logits, -1), rtol=0, atol=1e-6)
+        return
     for row, prompt in enumerate([PROMPT, OTHER]):
         with torch.no_grad(), model.trace(prompt):
             alone = model.next_token_probs.save()

@@ -25,6 +25,10 @@ never disagree.
   carries forward beside its state.
 * ``experts``: the routed experts of a mixture-of-experts block (the
   router's logits are one per expert).
+* ``lru_width``: the channels of RecurrentGemma's RG-LRU (``config.lru_width``);
+  its state is one number per channel, ``[batch, lru_width]``.
+* ``conv_window``: the inputs a module-held convolution window keeps,
+  ``conv_width - 1`` (RecurrentGemma's ``conv1d_state``).
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ STATE_SIZE = "state_size"
 CONV_CHANNELS = "conv_channels"
 CONV_WIDTH = "conv_width"
 EXPERTS = "experts"
+LRU_WIDTH = "lru_width"
+CONV_WINDOW = "conv_window"
 
 Hidden = Float[Tensor, f"{BATCH} {SEQ} {HIDDEN}"]
 Logits = Float[Tensor, f"{BATCH} {SEQ} {VOCAB}"]

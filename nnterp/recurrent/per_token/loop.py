@@ -39,6 +39,8 @@ def needs_recurrent_routing(mixer: Any) -> str | None:
     reason = needs_torch_kernels(mixer)
     if reason is not None:
         return reason
+    if not type(mixer).CHUNK_FUNCTION:
+        return None  # the token loop is the mixer's own method (RG-LRU's scan): every prompt runs it, nothing to route
     modeling = modeling_of(mixer._module)
     # Through the dispatcher or bound bare, what counts is the body a prompt runs (Mamba-1: the loop already).
     if torch_function(bound(modeling, type(mixer).CHUNK_FUNCTION)) is not mixer.loop_function():
