@@ -34,7 +34,7 @@ from .core.errors import EmptyPrompt, NnterpError, RoutingError, WrongType
 from .core.values import DerivedEProperty, EProperty, Unwrap
 from .families import family_for
 from .recurrent.routing import refused_device
-from .recurrent.settings import mark_remote
+from .recurrent.settings import mark_remote, marked_generating
 from .support import describe, support_table
 
 
@@ -204,8 +204,10 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
         reason = refused_device(self)
         if reason is not None:
             raise RoutingError(reason)
-        # Explicit class: on a server this method is rebuilt from its source, without a `__class__` cell.
-        return super(StandardizedTransformer, self).interleave(fn, *args, **kwargs)
+        # tracer.iter counts steps under generate and a prompt's tokens in a trace: `state` needs to know which.
+        with marked_generating(self, getattr(fn, "__name__", None) == "generate"):
+            # Explicit class: on a server this method is rebuilt from its source, without a `__class__` cell.
+            return super(StandardizedTransformer, self).interleave(fn, *args, **kwargs)
 
     # -- remote execution (docs/remote.md) --------------------------------------------------
 

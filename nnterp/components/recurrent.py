@@ -52,7 +52,7 @@ from ..recurrent.labels import Label, cache_test, call_label, state_label
 from ..recurrent.per_token import iteration_strategy, strategy_for
 from ..recurrent.per_token.loop import TOKEN_LOOP, TokenOp, needs_recurrent_routing
 from ..recurrent.routing import route_delta_rule, route_kernels, track  # noqa: F401  (documented here)
-from ..recurrent.settings import REMOTE
+from ..recurrent.settings import REMOTE, generating
 from . import call_state
 from . import effective_attention as effective
 from .gradient_support import gradient_reasons
@@ -352,9 +352,15 @@ class RecurrentMixer(Standard):
         return iteration_strategy(self).token_op(self)
 
     def _iterated_state(self) -> torch.Tensor:
+        if generating(self):
+            # tracer.iter counts generate's steps, one call of the mixer each: the state that step leaves.
+            return self.state_after(-1)
         return iteration_strategy(self).state(self)
 
     def _assign_iterated_state(self, value: torch.Tensor) -> None:
+        if generating(self):
+            self.set_state_after(-1, value)
+            return
         iteration_strategy(self).set_state(self, value)
 
     def _states(self) -> States:
@@ -364,7 +370,7 @@ class RecurrentMixer(Standard):
         _iterated_state,
         assign=_assign_iterated_state,
         key=Key(_token_state_op),
-        description="the state after a token of the prompt, one occurrence per token (tracer.iter), [batch, ...state]; needs route_kernels(family, 'torch')",
+        description="the state after a token of the prompt, one occurrence per token (tracer.iter; under generate, the state each step leaves), [batch, ...state]; needs route_kernels(family, 'torch')",
         unavailable=_iteration_reason,
         annotation=State,
     )

@@ -314,7 +314,7 @@ class RGLRU(RecurrentMixer):
         annotation=LruStates,
     )
     state = RecurrentMixer.state.variant(
-        "the state after a token of the prompt, one occurrence per token (tracer.iter), [batch, lru_width]", LruState
+        "the state after a token of the prompt, one occurrence per token (tracer.iter; under generate, the state each step leaves), [batch, lru_width]", LruState
     )
 
     def _continue_from(self, call: Call, position: int, value: torch.Tensor) -> None:
