@@ -38,9 +38,11 @@ one on a decode step; ``conv_channels`` is ``hidden``):
   t+L-1`` are recomputed from it, token ``t``'s stays as computed; on the
   call's last token the cache keeps it). In the model's dtype.
 * ``effective_attention`` ``[batch, conv_channels, seq, seq]``: exact, one
-  banded pattern per channel, ``A[c, t, s] = C_t[c] w[c, L-1-(t-s)] B_s[c]``
-  for ``0 <= t - s < L``, so ``y_t[c] = Σ_s A[c, t, s] x_s[c]`` plus
-  ``state_input_readout`` (the entering window's part and the bias).
+  banded pattern per channel, ``A[c, t, s] = w[c, L-1-(t-s)] B_s[c]`` for
+  ``0 <= t - s < L``: the convolution kernel's output is ``Σ_s A[c, t, s]
+  x_s[c]`` plus ``state_input_readout`` (the entering window's part and the
+  bias), and ``y_t = C_t ⊙`` that (the output gate is applied after the
+  kernel, as the forward does).
 * ``attention_output`` ``[batch, seq, hidden]``: the block's output.
 
 Values it does not have raise `Unavailable` with the reason: ``state`` under
@@ -96,27 +98,27 @@ _NO_CACHE = (
 
 
 def short_conv_attention(a: dict, positions: Any, channels: Any, coefficients: bool) -> tuple:
-    """``(A [batch, channels, positions, seq], readout [batch, positions, channels])`` of a gated short convolution.
+    """``(A [batch, channels, positions, seq], readout [batch, positions, channels])`` of a short convolution over ``B ⊙ x``.
 
-    ``a``: ``B``, ``C`` ``[batch, seq, conv_channels]``; ``weight``
-    ``[conv_channels, L]``; ``bias`` ``[conv_channels]`` or ``None``;
-    ``window`` ``[batch, conv_channels, L]``, the window entering the call
-    (``None``: zeros). ``A[c, t, s] = C_t[c] w[c, L-1-(t-s)] B_s[c]`` for
-    ``0 <= t - s < L``; ``readout[t, c] = C_t[c] (b[c] + Σ_i w[c, i]
-    window[c, t+1+i])`` over the entering window's entries token ``t`` still
-    reads. Float32.
+    ``a``: ``B`` ``[batch, seq, conv_channels]``; ``weight`` ``[conv_channels,
+    L]``; ``bias`` ``[conv_channels]`` or ``None``; ``window`` ``[batch,
+    conv_channels, L]``, the window entering the call (``None``: zeros).
+    ``A[c, t, s] = w[c, L-1-(t-s)] B_s[c]`` for ``0 <= t - s < L``, so the
+    convolution's output is ``Σ_s A[c, t, s] x_s[c] + readout[t, c]`` with
+    ``readout[t, c] = b[c] + Σ_i w[c, i] window[c, t+1+i]`` over the entering
+    window's entries token ``t`` still reads. Float32.
     """
-    B, C, weight = a["B"].float(), a["C"].float(), a["weight"].float()
+    B, weight = a["B"].float(), a["weight"].float()
     batch, seq, width = B.shape[0], B.shape[1], weight.shape[1]
     chosen = indices(channels, B.shape[2], "channels").to(B.device)
     rows = indices(positions, seq, "positions").to(B.device)
-    B, C, weight = B.index_select(2, chosen), C.index_select(2, chosen), weight.index_select(0, chosen)
+    B, weight = B.index_select(2, chosen), weight.index_select(0, chosen)
     out = None
     if coefficients:
         lag = rows[:, None] - torch.arange(seq, device=B.device)[None, :]  # [rows, seq]: t - s
         band = (lag >= 0) & (lag < width)
         taps = weight[:, (width - 1 - lag).clamp(0, width - 1)] * band  # [c, rows, seq]
-        out = C[:, rows].permute(0, 2, 1)[..., None] * taps[None] * B.permute(0, 2, 1)[:, :, None, :]
+        out = taps[None] * B.permute(0, 2, 1)[:, :, None, :]
     window = a.get("window")
     bias = a.get("bias")
     if window is None and bias is None:
@@ -129,7 +131,7 @@ def short_conv_attention(a: dict, positions: Any, channels: Any, coefficients: b
             readout[:, t] = (weight[:, : width - 1 - t] * entering[:, :, t + 1:]).sum(-1)
     if bias is not None:
         readout = readout + bias.float().index_select(0, chosen)
-    return out, (C * readout)[:, rows]
+    return out, readout[:, rows]
 
 
 SHORT_CONV_ATTENTION = EffectiveSpec("short convolution", short_conv_attention, "channels")
@@ -200,19 +202,31 @@ class ShortConvolution(RecurrentMixer):
         return getattr(self.source, self.GATES_OP)
 
     def _gates(self) -> tuple:
-        """``(B, C, x)`` of this call, channel-first, read once per call at the forward's split (and kept for later values)."""
-        return per_call(self, "gates", lambda: tuple(self._gates_op().output))
+        """``(B, C, x)`` of this call, tokens first, read once per call at the forward's split (and kept for later values)."""
+
+        def read() -> tuple:
+            op = self._gates_op()
+            split = tuple(op.output)
+            served = tuple(part.transpose(1, 2) for part in split)
+            if recording(split[0]):
+                # Under autograd the forward must consume the served tensors themselves (so their .grad is
+                # theirs alone, not the shared in_proj output's): the same values, as copies, swapped in.
+                served = tuple(part.clone() for part in served)
+                op.output = tuple(part.transpose(1, 2) for part in served)
+            return served
+
+        return per_call(self, "gates", read)
 
     def _gate(self, index: int) -> torch.Tensor:
-        return self._gates()[index].transpose(1, 2)
+        return self._gates()[index]
 
     def _assign_gate(self, index: int, value: torch.Tensor) -> None:
         parts = list(self._gates())
         what = f"`linear_attn.{('input_gates', 'output_gates', 'attention_values')[index]}`"
         self._gates_op().output  # still at the split: the write comes before the convolution
-        check_expected(what, value, tuple(parts[index].transpose(1, 2).shape), parts[index].dtype, parts[index].device)
-        parts[index] = value.transpose(1, 2)
-        self._gates_op().output = tuple(parts)
+        check_expected(what, value, tuple(parts[index].shape), parts[index].dtype, parts[index].device)
+        parts[index] = value
+        self._gates_op().output = tuple(part.transpose(1, 2) for part in parts)
         forget(self, "gates")
         per_call(self, "gates", lambda: tuple(parts))
 
@@ -424,7 +438,8 @@ class ShortConvolution(RecurrentMixer):
         width = weight.shape[1]
         extra = torch.zeros(states.shape[:3], dtype=states.dtype, device=states.device)  # [batch, seq, channels]
         for k in range(1, min(width, call.seq)):
-            reads = (leaf[:, : call.seq - k, :, k:] * weight[:, : width - k]).sum(-1)
+            # The weight detached: the product must not keep the leaf for backward, since it is filled in place.
+            reads = (leaf[:, : call.seq - k, :, k:] * weight[:, : width - k].detach()).sum(-1)
             extra = extra + F.pad(reads, (0, 0, k, 0))
         output = call.op.output
         start = output.shape[-1] - call.seq
@@ -436,24 +451,26 @@ class ShortConvolution(RecurrentMixer):
     # -- effective attention: from the gates and the entering window -----------------
 
     def _effective(self, positions: Any, selection: Any, coefficients: bool) -> tuple:
-        B, C = self._gate(0), self._gate(1)
+        B = self._gate(0)
         call = self._record()
         entering = self._extended()[..., : self._module.conv_kernel_size]
         served = {
-            "B": B, "C": C, "weight": self._module.conv.weight.squeeze(1), "bias": self._module.conv.bias,
+            "B": B, "weight": self._module.conv.weight.squeeze(1), "bias": self._module.conv.bias,
             "window": None if call.strategy["fresh"] else entering,
         }
         return SHORT_CONV_ATTENTION.compute(served, positions, selection, coefficients)
 
     effective_attention = RecurrentMixer.effective_attention.variant(
-        "the exact effective attention per channel A[c, t, s] = C_t[c] w[c, L-1-(t-s)] B_s[c] (0 <= t-s < L): "
-        "C * conv(u) at t is sum_s A[c, t, s] * attention_values[s, c] (+ state_input_readout), "
+        "the exact effective attention per channel A[c, t, s] = w[c, L-1-(t-s)] B_s[c] (0 <= t-s < L): the "
+        "convolution's output at t is sum_s A[c, t, s] * attention_values[s, c] (+ state_input_readout), and the "
+        "block's y_t = output_gates[t] * that; "
         "[batch, conv_channels, seq, seq], float32; 4*batch*conv_channels*seq^2 bytes "
         "(effective_attention_of(positions=..., channels=...) keeps it bounded)",
         ChannelAttention,
     )
     state_input_readout = RecurrentMixer.state_input_readout.variant(
-        "the part of C * conv(u) read from the window entering the call (and the conv bias, where there is one), "
+        "the part of the convolution's output read from the window entering the call (and the conv bias, where there "
+        "is one), "
         "[batch, seq, conv_channels]; None on a fresh prompt",
         ConvChannels,
     )

@@ -223,9 +223,9 @@ class ShortConvolutionSuite(CheckpointFixtures):
         weight = mix._module.conv.weight.squeeze(1)
         y, _ = gated_short_convolution(B, C, x, weight)
         assert readout is None and A.shape == (1, x.shape[2], x.shape[1], x.shape[1])
-        torch.testing.assert_close(torch.einsum("bcts,bsc->btc", A, x), y, **TOL)
+        torch.testing.assert_close(C * torch.einsum("bcts,bsc->btc", A, x), y, **TOL)
         assert torch.equal(rows, A[:, [0, 5]][:, :, [-1]])
         assert torch.count_nonzero(A[0, 0].tril(-weight.shape[1])) == 0, "a token reads only the last L inputs"
         A, readout, B, C, x, window, _ = decode
         y, _ = gated_short_convolution(B, C, x, weight, window=window)
-        torch.testing.assert_close(torch.einsum("bcts,bsc->btc", A, x) + readout, y, **TOL)
+        torch.testing.assert_close(C * (torch.einsum("bcts,bsc->btc", A, x) + readout), y, **TOL)
