@@ -45,6 +45,14 @@ one on a decode step; ``conv_channels`` is ``hidden``):
   kernel, as the forward does).
 * ``attention_output`` ``[batch, seq, hidden]``: the block's output.
 
+Gradients (inside ``with loss.backward():``): ``states.grad`` is the loss's
+derivative by the window after each token as the later tokens read it (a
+zero leaf added where they read it, `nnterp.recurrent.gradients.tap`); the
+gates and ``attention_values`` have theirs (the forward consumes the served
+tensors); a `set_state_after` target gets one. ``state_after(t)`` and a
+prompt's ``state_output`` have none (computed beside the model, or only
+cached): read ``states.grad[:, t]``.
+
 Values it does not have raise `Unavailable` with the reason: ``state`` under
 ``tracer.iter`` (the convolution is one ``F.conv1d`` over the call, with no
 location that occurs once per token). The convolution weights are weights

@@ -117,6 +117,27 @@ class ShortConvolutionSuite(CheckpointFixtures):
         with torch.no_grad():
             torch.testing.assert_close(output, module.out_proj(y), **TOL)
 
+    def test_a_prompt_continuing_a_cache_starts_from_its_window(self, model, plain, ids, mixers):
+        # Several tokens over a kept window: the kernel sees [window; inputs], and the states continue it.
+        layer, split = mixers[1], 6
+        with torch.no_grad():
+            cache = hf.output_cache(plain(ids[:, :split], use_cache=True))
+            entering = hf.conv_state(cache, layer).clone()
+        mix = model.layers[layer].linear_attn
+        positions = torch.arange(split, ids.shape[1])[None]
+        with torch.no_grad(), model.trace(ids[:, split:], cache=cache, position_ids=positions):
+            window = mix.state_input.save()
+            B, C, x = mix.input_gates.save(), mix.output_gates.save(), mix.attention_values.save()
+            states = mix.states.save()
+            A, readout = mix.effective_attention.save(), mix.state_input_readout.save()
+            last = mix.state_output.save()
+        y, windows = gated_short_convolution(B, C, x, mix._module.conv.weight.squeeze(1), mix._module.conv.bias, entering)
+        assert torch.equal(window, entering)
+        torch.testing.assert_close(states, windows, **TOL)
+        assert torch.equal(states[:, -1], last) and states.shape[1] == ids.shape[1] - split
+        torch.testing.assert_close(C * (torch.einsum("bcts,bsc->btc", A, x) + readout), y, **TOL)
+        torch.testing.assert_close(states, windows_after_each_prefix(plain, ids, layer)[:, split:], **TOL)
+
     # -- writes inside the prompt against a forward continued from a replaced cache ---
 
     @pytest.mark.parametrize("t", [0, 1, 5, -2])
