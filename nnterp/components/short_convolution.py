@@ -79,7 +79,7 @@ from ..core.calls import forget, mediator, per_call
 from ..core.dims import BATCH, CONV_CHANNELS, CONV_WIDTH, SEQ, ConvState
 from ..core.errors import NnterpError, Unavailable
 from ..core.values import DerivedEProperty, check_expected
-from ..fast.effective import EffectiveSpec, indices
+from ..fast.short_conv import SHORT_CONV_ATTENTION
 from ..recurrent.arguments import CHANNELS_FIRST, SAME
 from ..recurrent.call import Call
 from ..recurrent.gradients import fill, recording, tap
@@ -103,46 +103,6 @@ _NO_CACHE = (
     "this call runs without a cache, so it keeps no convolution window: run it with use_cache=True "
     "(the default of a trace and of generate)"
 )
-
-
-def short_conv_attention(a: dict, positions: Any, channels: Any, coefficients: bool) -> tuple:
-    """``(A [batch, channels, positions, seq], readout [batch, positions, channels])`` of a short convolution over ``B ⊙ x``.
-
-    ``a``: ``B`` ``[batch, seq, conv_channels]``; ``weight`` ``[conv_channels,
-    L]``; ``bias`` ``[conv_channels]`` or ``None``; ``window`` ``[batch,
-    conv_channels, L]``, the window entering the call (``None``: zeros).
-    ``A[c, t, s] = w[c, L-1-(t-s)] B_s[c]`` for ``0 <= t - s < L``, so the
-    convolution's output is ``Σ_s A[c, t, s] x_s[c] + readout[t, c]`` with
-    ``readout[t, c] = b[c] + Σ_i w[c, i] window[c, t+1+i]`` over the entering
-    window's entries token ``t`` still reads. Float32.
-    """
-    B, weight = a["B"].float(), a["weight"].float()
-    batch, seq, width = B.shape[0], B.shape[1], weight.shape[1]
-    chosen = indices(channels, B.shape[2], "channels").to(B.device)
-    rows = indices(positions, seq, "positions").to(B.device)
-    B, weight = B.index_select(2, chosen), weight.index_select(0, chosen)
-    out = None
-    if coefficients:
-        lag = rows[:, None] - torch.arange(seq, device=B.device)[None, :]  # [rows, seq]: t - s
-        band = (lag >= 0) & (lag < width)
-        taps = weight[:, (width - 1 - lag).clamp(0, width - 1)] * band  # [c, rows, seq]
-        out = taps[None] * B.permute(0, 2, 1)[:, :, None, :]
-    window = a.get("window")
-    bias = a.get("bias")
-    if window is None and bias is None:
-        return out, None
-    readout = torch.zeros(batch, seq, chosen.numel(), device=B.device)
-    if window is not None:
-        entering = window.float().index_select(1, chosen)  # [b, c, L]
-        for t in range(min(seq, width - 1)):
-            # Token t reads window entries t+1 .. L-1 at taps 0 .. L-2-t.
-            readout[:, t] = (weight[:, : width - 1 - t] * entering[:, :, t + 1:]).sum(-1)
-    if bias is not None:
-        readout = readout + bias.float().index_select(0, chosen)
-    return out, readout[:, rows]
-
-
-SHORT_CONV_ATTENTION = EffectiveSpec("short convolution", short_conv_attention, "channels")
 
 
 def _gate_value(index: int, description: str) -> DerivedEProperty:
