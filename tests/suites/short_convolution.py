@@ -162,6 +162,32 @@ class ShortConvolutionSuite(CheckpointFixtures):
         assert not torch.allclose(logits[:, t + 1:], plain(ids).logits[:, t + 1:]), "the later tokens read the window"
         assert torch.equal(read[..., :-1], donor[..., 1:]), "the window after t+1 shifts the written one"
 
+    def test_a_write_in_one_invoke_of_two_leaves_the_other(self, model, mixers):
+        mix = model.layers[mixers[0]].linear_attn
+        with torch.no_grad(), model.trace(PROMPT):
+            donor = (mix.state_after(-1) * 3).save()
+            alone = mix.state_output.save()
+        with torch.no_grad(), model.trace(PROMPT):
+            mix.set_state_after(4, donor)
+            patched_alone = model.next_token_probs.save()
+        with torch.no_grad(), model.trace() as tracer:
+            with tracer.invoke(PROMPT):
+                mix.set_state_after(4, donor)
+                patched = model.next_token_probs.save()
+            with tracer.invoke(PROMPT):
+                untouched = mix.state_output.save()
+                probs = model.next_token_probs.save()
+            with tracer.invoke(PROMPT):
+                mix.set_state_after(-1, donor)
+                written = mix.state_output.save()
+        with torch.no_grad(), model.trace(PROMPT):
+            clean = model.next_token_probs.save()
+        torch.testing.assert_close(patched, patched_alone, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(probs, clean, rtol=1e-4, atol=1e-6)
+        assert not torch.allclose(patched, clean)
+        torch.testing.assert_close(untouched, alone, **TOL, msg="the cache's other rows")
+        assert torch.equal(written, donor), "this invoke's row of the cache"
+
     def test_set_state_after_the_last_token_is_what_the_next_step_continues_from(self, model, plain, ids, mixers):
         layer = mixers[0]
         mix = model.layers[layer].linear_attn
