@@ -22,7 +22,8 @@ never disagree.
 * ``head_dim``: Mamba-2's channels per head (the state's first axis there).
 * ``state_size``: the SSM state dimension ``N`` of Mamba-1 and Mamba-2.
 * ``conv_channels`` / ``conv_width``: the short-convolution window a mixer
-  carries forward beside its state.
+  carries forward beside its state (LFM2's gated short convolution: its only
+  state, ``conv_channels`` = ``hidden``).
 * ``experts``: the routed experts of a mixture-of-experts block (the
   router's logits are one per expert).
 * ``lru_width``: the channels of RecurrentGemma's RG-LRU (``config.lru_width``);
