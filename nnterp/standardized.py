@@ -205,7 +205,8 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
         if reason is not None:
             raise RoutingError(reason)
         # Explicit class: on a server this method is rebuilt from its source, without a `__class__` cell.
-        return super(StandardizedTransformer, self).interleave(fn, *args, **kwargs)
+        with self.family.around_run(self._module):
+            return super(StandardizedTransformer, self).interleave(fn, *args, **kwargs)
 
     # -- remote execution (docs/remote.md) --------------------------------------------------
 

@@ -25,6 +25,10 @@ never disagree.
   carries forward beside its state.
 * ``experts``: the routed experts of a mixture-of-experts block (the
   router's logits are one per expert).
+* ``wkv_parts``: RWKV-4's WKV state, 3 numbers per ``channels`` entry (its
+  attention channels there): 0 the numerator ``a``, 1 the denominator ``b``,
+  2 the running maximum ``p`` they are scaled by (the sums are ``a·eᵖ`` and
+  ``b·eᵖ``). Its token shift is a ``conv_width`` 1 window.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ STATE_SIZE = "state_size"
 CONV_CHANNELS = "conv_channels"
 CONV_WIDTH = "conv_width"
 EXPERTS = "experts"
+WKV_PARTS = "wkv_parts"
 
 Hidden = Float[Tensor, f"{BATCH} {SEQ} {HIDDEN}"]
 Logits = Float[Tensor, f"{BATCH} {SEQ} {VOCAB}"]

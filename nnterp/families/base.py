@@ -33,6 +33,7 @@ and `layer_parts` (from a config alone, which parts each block has),
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, ClassVar
@@ -93,6 +94,15 @@ class Family:
         """
         by_path = {f"{cls.LAYERS}.*.{cls.LAYER.MLP}": MLP} if getattr(cls.LAYER, "MLP", None) else {}
         return {**{block: cls.LAYER for block in cls.DECODER_LAYERS}, **cls.COMPONENTS, **by_path}
+
+    @classmethod
+    def around_run(cls, model: Any) -> AbstractContextManager:
+        """What nnterp does around every run of the HF ``model`` (a trace, a generate): nothing on most families.
+
+        RWKV's undoes the weight rescaling transformers' eval forward makes in place, so a run leaves the weights as
+        it found them.
+        """
+        return nullcontext()
 
     @classmethod
     def text_config(cls, config: Any) -> Any:
