@@ -278,6 +278,8 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
                     f"the prompt of batch row{'s' if len(empty) > 1 else ''} {empty} is empty: it tokenized to no "
                     "tokens, and the row would run on padding alone; pass a non-empty prompt"
                 )
+            if self.family.PADDING_REFUSED is not None and not bool(mask.all()):
+                raise NnterpError(self.family.PADDING_REFUSED)
         return args, kwargs
 
     def support(self) -> dict:

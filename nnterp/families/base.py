@@ -81,6 +81,9 @@ class Family:
         if "REAL_CHECKPOINTS" not in cls.__dict__:
             cls.REAL_CHECKPOINTS = {}  # a sibling's published checkpoints are not this family's
 
+    #: Why a padded batch cannot run on this family (its model ignores the attention mask), or ``None``.
+    PADDING_REFUSED: ClassVar[str | None] = None
+
     #: The parts of a block in the order its forward computes them (readers of several values follow it).
     PART_ORDER: ClassVar[tuple[str, ...]] = ("self_attn", "linear_attn", "mlp")
 

@@ -40,6 +40,12 @@ class Rwkv(Mamba):
     LN_FINAL = "rwkv.ln_out"
     LM_HEAD = "head"
 
+    PADDING_REFUSED = (
+        "transformers' RWKV model ignores the attention mask, so a padded batch would run the padding through every "
+        "block's recurrence and change each shorter prompt's result: trace prompts of one length together, or each "
+        "prompt in its own trace"
+    )
+
     LAYER = RwkvLayer
     DECODER_LAYERS = (MODELING.RwkvBlock,)
     COMPONENTS = {MODELING.RwkvSelfAttention: WKV}
