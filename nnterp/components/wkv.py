@@ -60,8 +60,9 @@ from ..core.calls import pinned
 from ..core.dims import BATCH, CHANNELS, CONV_CHANNELS, CONV_WIDTH, SEQ, WKV_PARTS
 from ..core.errors import NnterpError, Unavailable
 from ..core.values import DerivedEProperty, Key, check_expected, check_tensor, replace_in
-from ..recurrent.arguments import SAME
+from ..recurrent.arguments import SAME, kernel_waiting
 from ..recurrent.call import Call
+from ..recurrent.gradients import graft, recording
 from ..recurrent.kernels import drill, modeling_of, needs_torch_kernels, original_body
 from ..recurrent.labels import Label, bindings, cache_test, call_label
 from .recurrent import RecurrentMixer, kernel_argument
@@ -285,8 +286,16 @@ class WKV(RecurrentMixer):
     attention_values = kernel_argument("v", "v, what each token writes, [batch, seq, channels]", Channels)
     decay_rates = kernel_argument("time_decay", "the decay's rate (the decay per token is exp(-exp(time_decay))), [channels]", PerChannel)
     bonus = kernel_argument("time_first", "u, the current token's bonus (its weight is e^(u + k)), [channels]", PerChannel)
+    def _decays(self) -> torch.Tensor:
+        rate = self._serve("time_decay")
+        decays = -torch.exp(rate.float())
+        if recording(decays) and kernel_waiting(self):
+            # Under autograd the kernel reads its time_decay through the served decays (an exact zero added).
+            self._assign_argument("time_decay", graft(decays, torch.log(-decays), rate))
+        return decays
+
     decays = DerivedEProperty(
-        lambda envoy: -torch.exp(envoy._serve("time_decay").float()),
+        _decays,
         description="the log decay per token w = -exp(time_decay) < 0, [channels]",
         unavailable=needs_torch_kernels,
         annotation=PerChannel,

@@ -84,6 +84,9 @@ class Family:
     #: Why a padded batch cannot run on this family (its model ignores the attention mask), or ``None``.
     PADDING_REFUSED: ClassVar[str | None] = None
 
+    #: Keyword arguments a trace needs for a backward pass through the model (``{}`` on most families).
+    BACKWARD_KWARGS: ClassVar[dict] = {}
+
     #: The parts of a block in the order its forward computes them (readers of several values follow it).
     PART_ORDER: ClassVar[tuple[str, ...]] = ("self_attn", "linear_attn", "mlp")
 

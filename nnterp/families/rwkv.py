@@ -46,6 +46,10 @@ class Rwkv(Mamba):
         "prompt in its own trace"
     )
 
+    #: With use_cache=True, transformers writes each block's state into the state list in place after the
+    #: kernel read it, so autograd refuses a backward pass (a plain transformers forward included).
+    BACKWARD_KWARGS = {"use_cache": False}
+
     LAYER = RwkvLayer
     DECODER_LAYERS = (MODELING.RwkvBlock,)
     COMPONENTS = {MODELING.RwkvSelfAttention: WKV}
