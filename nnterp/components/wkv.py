@@ -42,6 +42,10 @@ in forward order:
   ``t`` recomputes token ``t + 1`` from the written state with the kernel's
   own operations (its output and its update), so the loop goes on from it.
 * ``state_output``: the state after the call's last token; writable.
+* ``effective_attention`` ``[batch, channels, seq, seq]``: the kernel's output
+  as an average of the values, one pattern per channel (`nnterp.fast.wkv`),
+  and ``state_input_readout`` ``[batch, seq, channels]``, the entering state's
+  part; exact from the arguments.
 * ``attention_output`` ``[batch, seq, hidden]``: the mixer's output.
 * ``argument(name)``: any kernel argument by its signature-table name.
 
@@ -60,6 +64,7 @@ from ..core.calls import pinned
 from ..core.dims import BATCH, CHANNELS, CONV_CHANNELS, CONV_WIDTH, SEQ, WKV_PARTS
 from ..core.errors import NnterpError, Unavailable
 from ..core.values import DerivedEProperty, Key, check_expected, check_tensor, replace_in
+from ..fast.wkv import WKV_ATTENTION
 from ..recurrent.arguments import SAME, kernel_waiting
 from ..recurrent.call import Call
 from ..recurrent.gradients import graft, recording
@@ -71,6 +76,7 @@ Channels = Float[Tensor, f"{BATCH} {SEQ} {CHANNELS}"]
 PerChannel = Float[Tensor, f"{CHANNELS}"]
 WkvState = Float[Tensor, f"{BATCH} {WKV_PARTS} {CHANNELS}"]
 WkvStates = Float[Tensor, f"{BATCH} {SEQ} {WKV_PARTS} {CHANNELS}"]
+ChannelAttention = Float[Tensor, f"{BATCH} {CHANNELS} {SEQ} {SEQ}"]
 ShiftState = Float[Tensor, f"{BATCH} {CONV_CHANNELS} {CONV_WIDTH}"]
 
 #: The kernel's loop over tokens, which the kernel calls on CPU (and without the CUDA kernel).
@@ -96,6 +102,7 @@ class WKV(RecurrentMixer):
     CONV_FUNCTIONS = ()
     STATE_VARIABLE = "max_state"
     SEQ_ARGUMENT = "k"
+    EFFECTIVE = WKV_ATTENTION
 
     #: ``rwkv_linear_attention(time_decay, time_first, key, value, state=, return_state=)``; ``state`` is
     #: the triple ``(num, den, max)`` of ``[batch, channels]`` tensors (``None`` without a cache).
@@ -257,6 +264,18 @@ class WKV(RecurrentMixer):
         "the WKV state after a token, one occurrence per token (tracer.iter), [batch, wkv_parts, channels]", WkvState
     )
     states = RecurrentMixer.states.variant("the WKV state after every token of this call, [batch, seq, wkv_parts, channels]", WkvStates)
+
+    effective_attention = RecurrentMixer.effective_attention.variant(
+        "the exact effective attention per channel A[c, t, s]: the kernel's output (before the receptance gate) at t "
+        "is sum_s A[c, t, s] * attention_values[s, c] (+ state_input_readout), a weighted average; [batch, channels, "
+        "seq, seq], float32, 4*batch*channels*seq^2 bytes (effective_attention_of(positions=..., channels=...))",
+        ChannelAttention,
+    )
+    state_input_readout = RecurrentMixer.state_input_readout.variant(
+        "the part of the kernel's output read from the state entering the call, [batch, seq, channels]; None on a "
+        "fresh prompt",
+        Channels,
+    )
 
     # -- the kernel's arguments and the gate ----------------------------------------------------
 

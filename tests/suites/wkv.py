@@ -357,3 +357,34 @@ class WKVSuite(CheckpointFixtures):
         with pytest.raises(NnterpError, match="use_cache"):
             with torch.no_grad(), model.trace(ids, use_cache=False):
                 mix.state_output
+
+    # -- effective attention -------------------------------------------------------
+
+    def test_effective_attention_reproduces_the_kernel_output(self, model):
+        mix = model.layers[1].linear_attn
+        readout = []  # bound outside: a list first bound in the block does not survive it
+        with torch.no_grad(), model.trace(PROMPT):
+            v = mix.attention_values.save()
+            A = mix.effective_attention.save()
+            some = mix.effective_attention_of(positions=[-1, 2], channels=[5, 0]).save()
+            readout.append(mix.state_input_readout)
+            y = getattr(mix.source, type(mix).CHUNK_KERNEL).output[0].save()
+        assert readout == [None], "a fresh prompt reads nothing from a state"
+        torch.testing.assert_close(torch.einsum("bcts,bsc->btc", A, v), y, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(A.sum(-1), torch.ones_like(A[..., 0]), rtol=1e-5, atol=1e-5, msg="an average")
+        assert torch.equal(A.triu(1), torch.zeros_like(A)), "causal"
+        torch.testing.assert_close(some, A[:, [5, 0]][:, :, [-1, 2]], rtol=1e-6, atol=1e-7)
+
+    def test_effective_attention_on_a_decode_step_with_the_entering_state(self, model):
+        mix = model.layers[0].linear_attn
+        read = {}
+        with torch.no_grad(), model.generate(PROMPT, max_new_tokens=2, min_new_tokens=2, do_sample=False) as tracer:
+            for step in tracer.iter[1]:
+                read["v"] = mix.attention_values.save()
+                read["A"] = mix.effective_attention.save()
+                read["readout"] = mix.state_input_readout.save()
+                read["y"] = getattr(mix.source, type(mix).CHUNK_KERNEL).output[0].save()
+        A, v, readout, y = read["A"], read["v"], read["readout"], read["y"]
+        assert A.shape[2:] == (1, 1) and readout.shape == y.shape
+        torch.testing.assert_close(torch.einsum("bcts,bsc->btc", A, v) + readout, y, rtol=1e-5, atol=1e-5)
+        assert (A < 1).all() and (readout != 0).any(), "the entering state takes a share"
