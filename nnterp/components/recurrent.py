@@ -55,6 +55,7 @@ from ..recurrent.routing import route_delta_rule, route_kernels, track  # noqa: 
 from ..recurrent.settings import REMOTE
 from . import call_state
 from . import effective_attention as effective
+from .gradient_support import gradient_reasons
 
 __all__ = [
     "RecurrentMixer", "kernel", "needs_torch_kernels", "needs_recurrent_routing", "route_kernels",
@@ -336,6 +337,12 @@ class RecurrentMixer(Standard):
     state_input_readout = effective.STATE_INPUT_READOUT
     effective_attention_of = effective.effective_attention_of
     _effective = effective.effective_values
+
+    # -- which values carry a gradient (gradient_support.py) ------------------------------
+
+    def gradients(self) -> dict[str, str | None]:
+        """Per value, ``None`` where its ``.grad`` is served now, else why not (``support()``'s ``.grad`` rows)."""
+        return gradient_reasons(self)
 
     # -- the state after every token: one declaration, served by the chosen strategy -------
 
