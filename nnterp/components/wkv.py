@@ -86,6 +86,13 @@ _NO_STATE = (
     "use_cache=True (the default of a trace and of generate)"
 )
 
+#: Why ``state_output.grad`` never comes: a backward pass needs ``BACKWARD_KWARGS`` (use_cache=False), which keeps none.
+_NO_BACKWARD_STATE = (
+    "transformers writes the state leaving a call into the model's state list in place, so autograd refuses a "
+    "backward pass through a run that keeps it: a backward runs with use_cache=False (model.family.BACKWARD_KWARGS), "
+    "which keeps no state; states.grad[:, -1] is the derivative by the state after the last token"
+)
+
 
 def _fresh(den: torch.Tensor) -> bool:
     # b > 0 once any token was absorbed (each update adds e^{k - p'} with p' >= k, or keeps b > 0).
@@ -276,6 +283,12 @@ class WKV(RecurrentMixer):
         "fresh prompt",
         Channels,
     )
+
+    def gradients(self) -> dict[str, str | None]:
+        reasons = RecurrentMixer.gradients(self)
+        if reasons.get("state_output") is None:
+            reasons["state_output"] = _NO_BACKWARD_STATE
+        return reasons
 
     # -- the kernel's arguments and the gate ----------------------------------------------------
 
