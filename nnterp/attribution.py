@@ -135,7 +135,7 @@ def state_attribution(
             raise NnterpError(f"the corrupt states given have no layers {missing}")
         saved: list = []
         values: list = []
-        with torch.enable_grad(), model.trace(clean):
+        with torch.enable_grad(), model.trace(clean, **model.family.BACKWARD_KWARGS):
             # A graph from the first layer on, whatever the parameters require: the states' taps need one.
             embedded = model.embed_tokens.output
             if not embedded.requires_grad:

@@ -205,7 +205,7 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
         if reason is not None:
             raise RoutingError(reason)
         # tracer.iter counts steps under generate and a prompt's tokens in a trace: `state` needs to know which.
-        with marked_generating(self, getattr(fn, "__name__", None) == "generate"):
+        with marked_generating(self, getattr(fn, "__name__", None) == "generate"), self.family.around_run(self._module):
             # Explicit class: on a server this method is rebuilt from its source, without a `__class__` cell.
             return super(StandardizedTransformer, self).interleave(fn, *args, **kwargs)
 
@@ -279,6 +279,8 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
                     f"the prompt of batch row{'s' if len(empty) > 1 else ''} {empty} is empty: it tokenized to no "
                     "tokens, and the row would run on padding alone; pass a non-empty prompt"
                 )
+            if self.family.PADDING_REFUSED is not None and not bool(mask.all()):
+                raise NnterpError(self.family.PADDING_REFUSED)
         return args, kwargs
 
     def support(self) -> dict:

@@ -47,7 +47,7 @@ from ..fast.effective import EffectiveSpec
 from ..fast.specs import FastSpec
 from ..recurrent import arguments
 from ..recurrent.call import KERNEL_RAN, Call
-from ..recurrent.kernels import modeling_of, needs_torch_kernels, original_body, signature_binding
+from ..recurrent.kernels import drill, modeling_of, needs_torch_kernels, original_body, signature_binding
 from ..recurrent.labels import Label, cache_test, call_label, state_label
 from ..recurrent.per_token import iteration_strategy, strategy_for
 from ..recurrent.per_token.loop import TOKEN_LOOP, TokenOp, needs_recurrent_routing
@@ -199,7 +199,10 @@ class RecurrentMixer(Standard):
             # How often each kernel has started before this call: a later request
             # for its arguments past that count would land in the next call.
             started = {label: med.occurrence(f"{self.path}.source.{label}.input") for label in (self.CHUNK_KERNEL, self.RECURRENT_KERNEL)}
-            return {"seq": hidden.shape[1], "cache": cache, "continues": self.continues_cache(cache), "kernels": started}
+            return {
+                "seq": hidden.shape[1], "cache": cache, "continues": self.continues_cache(cache), "kernels": started,
+                "arguments": bound,  # the forward's own arguments (RWKV's state list, which it carries instead of a cache)
+            }
 
         return per_call(self, "inputs", read)
 
@@ -406,6 +409,19 @@ class RecurrentMixer(Standard):
         strategy_for(self).set_state_after(self, t, value)
 
     # -- a component's own update rule, for a write inside a call (the token loop) ---------
+
+    def _loop_source(self, op: Any) -> Any:
+        """The source of the token loop inside kernel call ``op`` (RWKV's kernel calls its loop: one level further)."""
+        return drill(op)
+
+    def _token_state(self, call: Call, occurrence: int | None) -> torch.Tensor:
+        """The state bound at ``occurrence`` of the state op (``None``: the next one), as `states` serves it."""
+        with pinned(occurrence):
+            return call.strategy["op"].output
+
+    def kernel_reason(self) -> str | None:
+        """Why this mixer's kernel has no Python loop to read, beyond the bindings `needs_torch_kernels` checks."""
+        return None
 
     def _continue_op(self, call: Call) -> Any:
         """The per-token op whose occurrence ``t + 1`` `_continue_from` writes at (the state op by default)."""

@@ -30,6 +30,10 @@ never disagree.
   its state is one number per channel, ``[batch, lru_width]``.
 * ``conv_window``: the inputs a module-held convolution window keeps,
   ``conv_width - 1`` (RecurrentGemma's ``conv1d_state``).
+* ``wkv_parts``: RWKV-4's WKV state, 3 numbers per ``channels`` entry (its
+  attention channels there): 0 the numerator ``a``, 1 the denominator ``b``,
+  2 the running maximum ``p`` they are scaled by (the sums are ``a·eᵖ`` and
+  ``b·eᵖ``). Its token shift is a ``conv_width`` 1 window.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ CONV_WIDTH = "conv_width"
 EXPERTS = "experts"
 LRU_WIDTH = "lru_width"
 CONV_WINDOW = "conv_window"
+WKV_PARTS = "wkv_parts"
 
 Hidden = Float[Tensor, f"{BATCH} {SEQ} {HIDDEN}"]
 Logits = Float[Tensor, f"{BATCH} {SEQ} {VOCAB}"]

@@ -103,6 +103,8 @@ def test_the_coefficients_reproduce_the_kernels_output_on_a_prompt(model):
 
 
 def test_the_coefficients_reproduce_the_kernels_output_on_a_left_padded_batch(model):
+    if model.family.PADDING_REFUSED is not None:
+        pytest.skip(model.family.PADDING_REFUSED)
     assert model.tokenizer.padding_side == "left"
     got = _read(model, _mixers(model), [PROMPT, OTHER])
     assert got[0][0].shape[0] == 2

@@ -57,7 +57,6 @@ def _kinds() -> dict[str, str]:
 #: The recurrent kinds under test, ``{component: model_type}``: the gated DeltaNet (`LinearAttention`, Qwen3.5),
 #: Kimi delta attention, Mamba-1 (`SelectiveScan`), Mamba-2 (`StateSpace`).
 KINDS = _kinds()
-MODEL_TYPES = tuple(KINDS.values())
 
 #: Size changes from each kind's tiny config; the first is the tiny config itself.
 VARIANTS: dict[str, tuple[dict, ...]] = {
@@ -91,6 +90,12 @@ STRATEGIES_OF: dict[str, tuple[str, ...]] = {
     "SelectiveScan": ("default", "routed"),
     "StateSpace": ("chunks", "fast", "routed+chunks"),
 }
+
+
+#: The model types the property tests run: the kinds with sizes above. A kind not listed there (RWKV's `WKV`,
+#: whose model keeps no cache object and ignores padding, which these oracles and batches assume) is tested by
+#: its own suite only.
+MODEL_TYPES = tuple(model_type for name, model_type in KINDS.items() if name in VARIANTS)
 
 
 def kind(model_type: str) -> str:

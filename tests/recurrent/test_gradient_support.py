@@ -48,7 +48,7 @@ def rows(model, layer: int) -> dict:
 
 def read_grad(model, mix, name: str):
     """``.grad`` of value ``name`` (or of a ``set_state_after`` target) under ``loss.backward()``; raises if none reaches it."""
-    with model.trace(PROMPT):
+    with model.trace(PROMPT, **model.family.BACKWARD_KWARGS):
         if name == "set_state_after":
             value = mix.state_after(1).detach().clone().requires_grad_(True).save()
             mix.set_state_after(1, value)

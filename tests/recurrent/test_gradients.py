@@ -73,7 +73,7 @@ def test_states_grad_matches_finite_differences(model):
         with torch.no_grad(), model.trace(ids):
             plain = mix.states.save()
             plain_logits = model.logits.save()
-        with model.trace(ids):
+        with model.trace(ids, **model.family.BACKWARD_KWARGS):
             states = mix.states.save()
             logits = model.logits.save()
             loss = metric(model).save()
@@ -96,7 +96,7 @@ def test_argument_grad_matches_finite_differences(model, name):
     mix = model.layers[recurrent(model)[0]].linear_attn
     if name not in type(mix).values():
         pytest.skip(f"{type(mix).__name__} serves no {name}")
-    with model.trace(ids):
+    with model.trace(ids, **model.family.BACKWARD_KWARGS):
         value = getattr(mix, name).save()
         loss = metric(model).save()
         with loss.backward():
@@ -136,7 +136,7 @@ def test_fast_states_are_a_function_of_the_arguments(load, model_type):
     with nnterp.fast_states(model):
         with torch.no_grad(), model.trace(ids):
             plain = mix.states.save()
-        with model.trace(ids):
+        with model.trace(ids, **model.family.BACKWARD_KWARGS):
             value = getattr(mix, name).save()
             states = mix.states.save()
     torch.testing.assert_close(states.detach(), plain, rtol=1e-5, atol=1e-7)  # float32 rounding (no out= under autograd)
@@ -144,7 +144,7 @@ def test_fast_states_are_a_function_of_the_arguments(load, model_type):
     (grad,) = torch.autograd.grad((states * weights).sum(), value, retain_graph=True)
     assert grad.abs().sum() > 0
     # Against the kernel's own final state, a function of the same argument.
-    with model.trace(ids):
+    with model.trace(ids, **model.family.BACKWARD_KWARGS):
         kernel_value = getattr(mix, name).save()
         final = mix.state_output.save()
     (expected,) = torch.autograd.grad((final * weights[:, -1]).sum(), kernel_value)
@@ -163,7 +163,7 @@ def test_set_state_after_target_grad_matches_finite_differences(model, strategy)
         with torch.no_grad(), model.trace(ids):
             clean = mix.state_after(t).save()
         target = (clean * 1.1).requires_grad_(True)
-        with model.trace(ids):
+        with model.trace(ids, **model.family.BACKWARD_KWARGS):
             mix.set_state_after(t, target)
             loss = metric(model).save()
             with loss.backward():
