@@ -340,6 +340,9 @@ class RecurrentMixer(Standard):
 
     # -- which values carry a gradient (gradient_support.py) ------------------------------
 
+    #: Values of this component no gradient reaches, beyond the shared ones (`gradient_support.NEVER`): name -> why.
+    GRADIENTLESS: dict[str, str] = {}
+
     def gradients(self) -> dict[str, str | None]:
         """Per value, ``None`` where its ``.grad`` is served now, else why not (``support()``'s ``.grad`` rows)."""
         return gradient_reasons(self)
