@@ -12,6 +12,9 @@ and:
   runs as it would;
 * ``state_after(t)`` runs the bound kernel on the tokens up to ``t`` (from the
   call's own entering state) and returns its final state;
+* ``states_of(positions)`` computes the states with the same spec, a block of
+  `SELECTION_BLOCK` tokens at a time, up to the last selected position only,
+  keeping the selected ones: memory is the selection plus one block;
 * ``set_state_after(t, value)`` splits the call at ``t``: the bound kernel runs
   on ``[:t+1]`` and on ``[t+1:]`` from ``value``, and the call is skipped with
   ``(both outputs concatenated, the second's final state)``, so token ``t``
@@ -53,6 +56,9 @@ from ..call import Call, order_hint
 from ..gradients import recording
 from ..kernels import bound, modeling_of
 from .protocol import PerToken
+
+#: Tokens whose states `FromArguments.states_of` computes at once (its memory beyond the selection).
+SELECTION_BLOCK = 64
 
 
 class FromArguments(PerToken):
@@ -144,6 +150,36 @@ class FromArguments(PerToken):
         call.advance(position, what)
         call.strategy.setdefault("read", {})[position] = final
         return final
+
+    def states_of(self, mixer: Any, positions: Any) -> torch.Tensor:
+        what = "states_of(positions)"
+        call = self.record(mixer, "states_of")
+        chosen = call.positions(positions, what)
+        if call.decodes:
+            return mixer._read_state_output()[:, None][:, [0] * len(chosen)]  # the step's one token
+        spec = type(mixer).FAST
+        arguments = call.strategy["named"]
+        shape = spec.state_shape(arguments)
+        found = {p: call.writes[p] for p in chosen if p in call.writes}
+        wanted = sorted(set(chosen) - set(found))
+        differentiable = recording() and any(recording(x) for x in arguments.values())
+        span = wanted[-1] + 1 if wanted else 0
+        with torch.enable_grad() if differentiable else torch.no_grad():
+            # Blocks of tokens up to the last wanted position, each from the state the previous one ended with.
+            buffer = None
+            for lo, hi, initial in self._segments(call, span):
+                for at in range(lo, hi, SELECTION_BLOCK):
+                    stop = min(hi, at + SELECTION_BLOCK)
+                    if buffer is None or differentiable:  # under autograd a block is kept by the graph: never reused
+                        buffer = self._buffer((shape[0], min(SELECTION_BLOCK, span), *shape[1:]), call.expected[2], differentiable)
+                    block = buffer[:, : stop - at]
+                    spec.compute(piece(spec, arguments, at, stop, initial), block)
+                    found.update((p, block[:, p - at].clone()) for p in wanted if at <= p < stop)
+                    initial = block[:, -1].clone()
+        call.advance(max(chosen, default=0), what)
+        if not chosen:
+            return torch.empty((shape[0], 0, *shape[1:]), device=call.expected[2])
+        return torch.stack([found[p] for p in chosen], 1)
 
     # -- writes -------------------------------------------------------------------------
 
