@@ -30,5 +30,11 @@ def states_of(self, positions: Any) -> torch.Tensor:
 
     Order: as `state_after` at each of them (in the same trace, before a write
     at an earlier position and before ``state_output`` / ``attention_output``).
+
+    Gradients: the result is a new tensor (a stack, or an index of the
+    states), which the model does not read, so its ``.grad`` never comes; read
+    ``states.grad`` or ``state_after(t).grad`` for the derivative by a state.
+    On the fast path, under autograd, it is a function of the kernel's
+    arguments, as ``states`` is there.
     """
     return strategy_for(self).states_of(self, positions)

@@ -18,6 +18,7 @@ import nnterp
 from nnterp import OrderError
 from nnterp.core.errors import PositionError, WrongType
 from nnterp.families import families
+from nnterp.recurrent.gradients import VIEW_MARK
 from nnterp.recurrent.per_token import from_arguments
 from nnterp.recurrent.per_token.from_arguments import FromArguments
 
@@ -163,3 +164,19 @@ def test_on_a_decode_step_the_only_position_is_the_new_state(model):
             new = mix.state_output.save()
     assert torch.equal(got, torch.stack([new, new], 1))
 
+
+
+def test_on_the_fast_path_under_autograd_a_function_of_the_arguments(model, monkeypatch):
+    monkeypatch.setattr(from_arguments, "SELECTION_BLOCK", 4)
+    ids, mix = ids_of(model), first_mixer(model)
+    with nnterp.fast_states(model), model.trace(ids):
+        value = mix.attention_values.save()
+        states = mix.states.save()
+        got = mix.states_of([6, 2]).save()
+    close(got.detach(), states.detach()[:, [6, 2]])
+    weights = torch.randn(got.shape, generator=torch.Generator().manual_seed(0))
+    # Mamba-1's kernel holds x channel-first: the served value is a view of it.
+    held = value._base if getattr(value, VIEW_MARK, False) else value
+    (expected,) = torch.autograd.grad((states[:, [6, 2]] * weights).sum(), held, retain_graph=True)
+    (grad,) = torch.autograd.grad((got * weights).sum(), held)
+    torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-6 * max(1.0, expected.abs().max().item()))
