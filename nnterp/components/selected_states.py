@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..recurrent.per_token import strategy_for
+from ..recurrent.per_token import PerToken, strategy_for
 
 
 def states_of(self, positions: Any) -> torch.Tensor:
@@ -37,4 +37,22 @@ def states_of(self, positions: Any) -> torch.Tensor:
     On the fast path, under autograd, it is a function of the kernel's
     arguments, as ``states`` is there.
     """
+    if type(self).state_after.__qualname__ != "RecurrentMixer.state_after":
+        # A component serving the per-token states its own way (a window, a method's loop): through its own state_after.
+        return PerToken.states_of(OwnStateAfter(self), self, positions)
     return strategy_for(self).states_of(self, positions)
+
+
+class OwnStateAfter(PerToken):
+    """`PerToken`'s default ``states_of``, over a component's own ``state_after``."""
+
+    name = "the component's own state_after"
+
+    def __init__(self, mixer: Any) -> None:
+        self.mixer = mixer
+
+    def unavailable(self, mixer: Any) -> str | None:
+        return type(mixer).values()["states"].reason(mixer)
+
+    def state_after(self, mixer: Any, t: int) -> torch.Tensor:
+        return mixer.state_after(t)

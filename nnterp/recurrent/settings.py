@@ -148,8 +148,9 @@ def fast_states(model: Any, enabled: bool = True) -> Setting:
     kinds = sorted({type(mixer).__name__ for mixer in _mixers(model, "fast_states")}) or ["none"]
     return _apply(
         model, "fast_states", "fast", enabled, applies,
-        f"{type(model).__name__} has no mixer with a fast path (mixers: {', '.join(kinds)}); it covers the gated "
-        "DeltaNet, Kimi delta attention and Mamba-2",
+        f"{type(model).__name__} has no mixer with a fast path (mixers: {', '.join(kinds)}): it covers the mixers whose "
+        "prompt kernel keeps the per-token states to itself (gated DeltaNet, Kimi delta attention, Mamba-1, Mamba-2); "
+        "support() says how this model's mixers serve `states` without it",
     )
 
 
