@@ -23,6 +23,9 @@ never disagree.
 * ``state_size``: the SSM state dimension ``N`` of Mamba-1 and Mamba-2.
 * ``conv_channels`` / ``conv_width``: the short-convolution window a mixer
   carries forward beside its state.
+* ``state_columns``: the mLSTM's packed state columns, ``value_dim + 2``: its
+  matrix memory ``C``'s ``value_dim`` columns, then its normalizer ``n``, then
+  its stabilizer ``m`` (`nnterp.components.mlstm`).
 * ``experts``: the routed experts of a mixture-of-experts block (the
   router's logits are one per expert).
 """
@@ -47,6 +50,7 @@ STATE_SIZE = "state_size"
 CONV_CHANNELS = "conv_channels"
 CONV_WIDTH = "conv_width"
 EXPERTS = "experts"
+STATE_COLUMNS = "state_columns"
 
 Hidden = Float[Tensor, f"{BATCH} {SEQ} {HIDDEN}"]
 Logits = Float[Tensor, f"{BATCH} {SEQ} {VOCAB}"]

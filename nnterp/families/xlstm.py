@@ -1,0 +1,67 @@
+"""xLSTM: a stack of mLSTM blocks (matrix-memory LSTM cells), no attention."""
+
+import transformers.models.xlstm.modeling_xlstm as MODELING
+from transformers.models.xlstm.configuration_xlstm import xLSTMConfig
+
+from ..components.layer import Layer
+from ..components.mlstm import MLSTM
+from .base import RealCheckpoint
+from .llama import Llama
+
+
+class XLSTMLayer(Layer):
+    """An xLSTM block: a norm, the mLSTM layer, a norm, a gated feed-forward (``ffn``)."""
+
+    MLP = "ffn"
+
+
+class XLSTM(Llama):
+    """xLSTM (NX-AI's xLSTM-7b): a stack of mLSTM blocks, no attention.
+
+    Features of the architecture, as the difference from `llama`: each block is
+    an RMS norm, an mLSTM layer (HF's ``mlstm_layer``, served as ``linear_attn``
+    by `MLSTM`: a matrix memory, a normalizer and a stabilizer per head, packed
+    into one state value), an RMS norm and a gated feed-forward (``ffn``, served
+    as ``mlp``); there is no ``self_attn``. The parts live under ``backbone``
+    (``blocks``, ``embeddings``, ``out_norm``); the logits are soft-capped
+    (``output_logit_soft_cap``). transformers' forward takes no attention mask,
+    so a left-padded batch runs its padding through the recurrence.
+    """
+
+    MODELING = MODELING
+    CONFIG = xLSTMConfig
+    MODEL_TYPES = ("xlstm",)
+
+    LAYERS = "backbone.blocks"
+    EMBED_TOKENS = "backbone.embeddings"
+    LN_FINAL = "backbone.out_norm"
+
+    LAYER = XLSTMLayer
+    DECODER_LAYERS = (MODELING.xLSTMBlock,)
+    COMPONENTS = {MODELING.xLSTMLayer: MLSTM}
+    MIXER = MLSTM
+
+    REAL_CHECKPOINTS = {
+        "NX-AI/xLSTM-7b": RealCheckpoint(
+            dict(hidden_size=4096, num_hidden_layers=32, num_heads=8, qk_dim_factor=0.5, v_dim_factor=1.0, vocab_size=50304),
+            "transformers' xLSTMConfig defaults, documented as NX-AI/xLSTM-7b's (its auto_docstring checkpoint): "
+            "32 blocks, hidden 4096, 8 heads, qk_dim_factor 0.5, v_dim_factor 1.0",
+        ),
+    }
+
+    @classmethod
+    def logits_softcap(cls, config) -> float | None:
+        return cls.text_config(config).output_logit_soft_cap
+
+    @classmethod
+    def layer_parts(cls, config) -> list[set[str]]:
+        return [{"linear_attn", "mlp"} for _ in range(cls.text_config(config).num_hidden_layers)]
+
+    @classmethod
+    def tiny_sizes(cls) -> dict:
+        # The released ratios (qk 0.5, v 1.0 of hidden) with a multiple of 64 for the cache's head sizes;
+        # chunk_size 4 so a prompt runs the chunkwise kernel on whole chunks and the token loop on the rest.
+        return dict(
+            hidden_size=128, num_hidden_layers=2, num_heads=4, qk_dim_factor=0.5, v_dim_factor=1.0,
+            chunk_size=4, ffn_proj_factor=2.0, ffn_round_up_to_multiple_of=64,
+        )
