@@ -277,6 +277,12 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
                     f"the prompt of batch row{'s' if len(empty) > 1 else ''} {empty} is empty: it tokenized to no "
                     "tokens, and the row would run on padding alone; pass a non-empty prompt"
                 )
+            if not self.family.MASKS_PADDING and not bool(mask.all()):
+                raise NnterpError(
+                    f"{self.family.NAME}'s forward takes no attention mask, so the left padding of this batch's shorter "
+                    "prompts would run through the recurrent state and change their outputs; trace prompts of one "
+                    "length together, or one prompt per trace"
+                )
         return args, kwargs
 
     def support(self) -> dict:

@@ -71,6 +71,9 @@ class Family:
     MIXER: ClassVar[type | None] = None
 
     REAL_CHECKPOINTS: ClassVar[dict[str, RealCheckpoint]] = {}
+    #: Whether the causal LM's forward masks a left-padded batch's padding (``False`` where it takes no attention
+    #: mask, as xLSTM's: its padding would run through the recurrence, so nnterp refuses a padded batch).
+    MASKS_PADDING: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super(Family, cls).__init_subclass__(**kwargs)

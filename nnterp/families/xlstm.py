@@ -25,7 +25,7 @@ class XLSTM(Llama):
     as ``mlp``); there is no ``self_attn``. The parts live under ``backbone``
     (``blocks``, ``embeddings``, ``out_norm``); the logits are soft-capped
     (``output_logit_soft_cap``). transformers' forward takes no attention mask,
-    so a left-padded batch runs its padding through the recurrence.
+    so nnterp refuses a left-padded batch (``MASKS_PADDING = False``).
     """
 
     MODELING = MODELING
@@ -40,6 +40,7 @@ class XLSTM(Llama):
     DECODER_LAYERS = (MODELING.xLSTMBlock,)
     COMPONENTS = {MODELING.xLSTMLayer: MLSTM}
     MIXER = MLSTM
+    MASKS_PADDING = False
 
     REAL_CHECKPOINTS = {
         "NX-AI/xLSTM-7b": RealCheckpoint(

@@ -146,7 +146,8 @@ def route_kernels(family: Any, mode: str) -> Routing:
     stash = modeling.__dict__.setdefault(STASH, {})
     target: dict[str, Any] = {}
     for hf_mixer, component in mixers_of(family):
-        names = (component.CHUNK_FUNCTION, component.RECURRENT_FUNCTION, *component.CONV_FUNCTIONS)
+        # Only module-level names route: a kernel that is a module's call (the mLSTM's backend) has none to rebind.
+        names = tuple(n for n in (component.CHUNK_FUNCTION, component.RECURRENT_FUNCTION, *component.CONV_FUNCTIONS) if n in modeling.__dict__)
         for name in names:
             stash.setdefault(name, modeling.__dict__[name])
         if mode == "default":
