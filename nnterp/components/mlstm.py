@@ -66,7 +66,7 @@ from ..recurrent.arguments import SAME, Layout
 from ..recurrent.call import Call
 from ..recurrent.kernels import needs_torch_kernels
 from ..recurrent.labels import call_label
-from ..recurrent.per_token.from_arguments import _covers_the_batch
+from ..recurrent.per_token.from_arguments import covers_the_batch
 from .recurrent import RecurrentMixer, kernel, kernel_argument
 
 Keys = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {KEY_DIM}"]
@@ -280,7 +280,7 @@ class MLSTM(RecurrentMixer):
             return  # the call already continues from this very state
         call.writes[position] = value
         result = self._split_result(call)
-        if not call.strategy["served"] and _covers_the_batch():
+        if not call.strategy["served"] and covers_the_batch():
             call.op.skip(result)
         else:
             # Another invoke shares this backend call: let it run, and replace this invoke's rows of its return.
