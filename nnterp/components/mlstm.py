@@ -61,7 +61,7 @@ from ..core.calls import mediator
 from ..core.dims import BATCH, KEY_DIM, MIXER_HEADS, SEQ, STATE_COLUMNS, Gates, Values
 from ..core.errors import NnterpError
 from ..core.values import DerivedEProperty, Unwrap, check_expected, replace_in
-from ..fast.mlstm import mlstm_states, pack, unpack
+from ..fast.mlstm import MLSTM_ATTENTION, mlstm_states, pack, unpack
 from ..recurrent.arguments import SAME, Layout
 from ..recurrent.call import Call
 from ..recurrent.kernels import needs_torch_kernels
@@ -115,6 +115,7 @@ class MLSTM(RecurrentMixer):
         "state": (_Triple(), SAME),
     }
     RECURRENT_ARGUMENTS = CHUNK_ARGUMENTS
+    EFFECTIVE = MLSTM_ATTENTION
 
     pack = staticmethod(pack)
     unpack = staticmethod(unpack)

@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .effective import EffectiveSpec, Selection, indices
+
 
 def pack(c: torch.Tensor, n: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """``(C [..., k, v], n [..., k], m [..., 1])`` -> one float32 tensor ``[..., k, v + 2]`` (a new tensor)."""
@@ -78,3 +80,74 @@ def mlstm_states(
         m = m_new
         out.append(pack(c, n, m))
     return torch.stack(out, dim=1)
+
+
+def mlstm_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    igate: torch.Tensor,
+    fgate: torch.Tensor,
+    initial: torch.Tensor | None = None,
+    positions: Selection = None,
+    heads: Selection = None,
+    coefficients: bool = True,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The mLSTM's exact effective attention: ``h_t = Σ_s A[t, s] v_s + readout_t``.
+
+    Unrolled, the stabilizer is the largest exponent of any term,
+    ``m_t = max(F_t + m_0, max_{s≤t} F_t - F_s + ĩ_s)`` with ``F`` the cumulated
+    log forget gate, and ``C_t`` / ``n_t`` are sums of ``exp(F_t - F_s + ĩ_s - m_t)
+    k_s v_sᵀ`` / ``k_s`` plus the entering state's ``exp(F_t + m_0 - m_t) C_0``.
+    So with ``W[t, s] = (q̂_t·k_s) exp(F_t - F_s + ĩ_s - m_t)`` (every exponent
+    ≤ 0) and the denominator ``d_t = max(|Σ_s W[t, s] + r_t q̂_t·n_0|,
+    exp(-m_t)) + eps``, ``A[t, s] = W[t, s] / d_t`` and ``readout_t = r_t
+    C_0ᵀ q̂_t / d_t`` (``r_t = exp(F_t + m_0 - m_t)``): given the gates and the
+    denominators, ``h`` is linear in the values. The cumulated gates are summed in
+    float64 (a difference of two long prefix sums), the rest in float32.
+
+    Args are tokens first: ``q``, ``k`` ``[batch, seq, heads, key_dim]``,
+    ``igate`` / ``fgate`` ``[batch, seq, heads]``, ``initial`` a packed state (a
+    zero one counts as none). Returns ``(A [batch, heads, positions, seq] or
+    None, readout [batch, positions, heads, value_dim] or None)``.
+    """
+    n_heads, key_dim = k.shape[2], k.shape[3]
+    chosen = indices(heads, n_heads, "heads").to(k.device)
+    rows = indices(positions, k.shape[1], "positions").to(k.device)
+    q = q.float().index_select(2, chosen).index_select(1, rows) * key_dim**-0.5
+    k = k.float().index_select(2, chosen)
+    gate_in = igate.double().index_select(2, chosen).transpose(1, 2)  # [b, h, seq]
+    total = F.logsigmoid(fgate.double()).index_select(2, chosen).transpose(1, 2).cumsum(-1)  # F, [b, h, seq]
+    if initial is not None and not bool(initial.any()):
+        initial = None
+    c0 = n0 = None
+    m0 = total.new_zeros(total.shape[:2])
+    if initial is not None:
+        c0, n0, m_in = unpack(initial.float().index_select(1, chosen))
+        m0 = m_in[..., 0].double()
+    at = total.index_select(2, rows)  # F_t, [b, h, rows]
+    exponent = at[..., None] - total[:, :, None, :] + gate_in[:, :, None, :]  # [b, h, rows, seq]
+    later = rows[:, None] < torch.arange(k.shape[1], device=k.device)[None, :]
+    exponent = exponent.masked_fill(later, float("-inf"))
+    entering = at + m0[..., None]
+    m = torch.maximum(exponent.amax(-1), entering)  # [b, h, rows]
+    scores = torch.einsum("bthd,bshd->bhts", q, k)
+    weights = scores * torch.exp(exponent - m[..., None]).float()
+    carried = torch.exp(entering - m).float()  # r_t
+    qn = weights.sum(-1)
+    if n0 is not None:
+        qn = qn + carried * torch.einsum("bthd,bhd->bht", q, n0)
+    denominator = torch.maximum(qn.abs(), torch.exp(-m).float()) + eps
+    readout = None
+    if c0 is not None:
+        readout = (carried / denominator)[..., None] * torch.einsum("bthd,bhdv->bhtv", q, c0)
+        readout = readout.transpose(1, 2)
+    return (weights / denominator[..., None] if coefficients else None), readout
+
+
+def _attention(a: dict, positions: Selection, heads: Selection, coefficients: bool) -> tuple:
+    return mlstm_attention(a["q"], a["k"], a["igate"], a["fgate"], a.get("state"), positions, heads, coefficients)
+
+
+#: The mLSTM backend's call (xLSTM), by `nnterp.components.mlstm.MLSTM`'s signature table's names.
+MLSTM_ATTENTION = EffectiveSpec("mLSTM", _attention, "heads")

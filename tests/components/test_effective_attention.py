@@ -104,6 +104,8 @@ def test_the_coefficients_reproduce_the_kernels_output_on_a_prompt(model):
 
 def test_the_coefficients_reproduce_the_kernels_output_on_a_left_padded_batch(model):
     assert model.tokenizer.padding_side == "left"
+    if not model.family.MASKS_PADDING:
+        pytest.skip(f"{model.family.NAME} refuses a padded batch: its forward takes no attention mask")
     got = _read(model, _mixers(model), [PROMPT, OTHER])
     assert got[0][0].shape[0] == 2
     _check(got, "left-padded batch")
