@@ -62,8 +62,9 @@ from ..core.dims import BATCH, KEY_DIM, MIXER_HEADS, SEQ, STATE_COLUMNS, Gates, 
 from ..core.errors import NnterpError
 from ..core.values import DerivedEProperty, Unwrap, check_expected, replace_in
 from ..fast.mlstm import MLSTM_ATTENTION, mlstm_states, pack, unpack
-from ..recurrent.arguments import SAME, Layout
+from ..recurrent.arguments import SAME, Layout, kernel_waiting
 from ..recurrent.call import Call
+from ..recurrent.gradients import graft, recording
 from ..recurrent.kernels import needs_torch_kernels
 from ..recurrent.labels import call_label
 from ..recurrent.per_token.from_arguments import covers_the_batch
@@ -148,8 +149,17 @@ class MLSTM(RecurrentMixer):
     attention_values = kernel_argument("v", "the kernel's values v, [batch, seq, mixer_heads, value_dim]", Values)
     input_gates = kernel_argument("igate", "the input gate's pre-activation ĩ (exponential gate exp(ĩ)), [batch, seq, mixer_heads]", Gates)
     forget_gates = kernel_argument("fgate", "the forget gate's pre-activation f̃ (gate sigmoid(f̃)), [batch, seq, mixer_heads]", Gates)
+    def _decays(self) -> torch.Tensor:
+        forget = self._serve("fgate")
+        decays = F.logsigmoid(forget.float())
+        if recording(decays) and kernel_waiting(self):
+            # Under autograd the kernel's forget gates are read through the served log decays (logit(exp(d)) = f̃),
+            # with their own values, so decays.grad is the loss's derivative by them.
+            self._assign_argument("fgate", graft(decays, decays - torch.log(-torch.expm1(decays)), forget))
+        return decays
+
     decays = DerivedEProperty(
-        lambda envoy: F.logsigmoid(envoy._serve("fgate").float()),
+        _decays,
         description="the log forget gate log sigmoid(f̃) <= 0, [batch, seq, mixer_heads], float32 (write forget_gates)",
         unavailable=needs_torch_kernels,
         annotation=Gates,

@@ -74,6 +74,9 @@ class Family:
     #: Whether the causal LM's forward masks a left-padded batch's padding (``False`` where it takes no attention
     #: mask, as xLSTM's: its padding would run through the recurrence, so nnterp refuses a padded batch).
     MASKS_PADDING: ClassVar[bool] = True
+    #: Whether a backward pass runs through the model's cache (``False`` where transformers copies each call's
+    #: state into the cache in place after using it, as xLSTM's: take gradients in a trace with ``use_cache=False``).
+    BACKWARD_THROUGH_CACHE: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super(Family, cls).__init_subclass__(**kwargs)

@@ -25,7 +25,8 @@ class XLSTM(Llama):
     as ``mlp``); there is no ``self_attn``. The parts live under ``backbone``
     (``blocks``, ``embeddings``, ``out_norm``); the logits are soft-capped
     (``output_logit_soft_cap``). transformers' forward takes no attention mask,
-    so nnterp refuses a left-padded batch (``MASKS_PADDING = False``).
+    so nnterp refuses a left-padded batch (``MASKS_PADDING = False``); it copies each block's state into
+    its cache in place after using it, so a backward pass needs ``use_cache=False`` (``BACKWARD_THROUGH_CACHE``).
     """
 
     MODELING = MODELING
@@ -41,6 +42,7 @@ class XLSTM(Llama):
     COMPONENTS = {MODELING.xLSTMLayer: MLSTM}
     MIXER = MLSTM
     MASKS_PADDING = False
+    BACKWARD_THROUGH_CACHE = False
 
     REAL_CHECKPOINTS = {
         "NX-AI/xLSTM-7b": RealCheckpoint(

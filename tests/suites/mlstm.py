@@ -26,7 +26,7 @@ from tests.suites.checkpoint import OTHER, PROMPT, CheckpointFixtures
 
 NEW = 4
 #: What the mLSTM does not serve, and the words its reason must contain.
-UNAVAILABLE = {"state": "tracer.iter", "effective_attention": "effective attention", "state_input_readout": "effective attention"}
+UNAVAILABLE = {"state": "tracer.iter"}
 
 
 def donor(model, layer: int, prompt: str = OTHER) -> torch.Tensor:
@@ -49,7 +49,7 @@ def suppressed(plain) -> tuple:
 class MLSTMSuite(CheckpointFixtures):
     """Tests of an mLSTM mixer (`MLSTM`): set ``MODEL_TYPE``."""
 
-    def test_support_serves_every_value_but_the_iterated_state_and_effective_attention(self, model):
+    def test_support_serves_every_value_but_the_iterated_state(self, model):
         support = model.support()
         for name in MLSTM.values():
             entry = support[f"linear_attn.{name}"]
@@ -168,6 +168,35 @@ class MLSTMSuite(CheckpointFixtures):
             torch.testing.assert_close(outs[step - 1], seen[step], rtol=1e-5, atol=1e-6, msg=f"state after step {step - 1}")
             assert torch.equal(ins[step], outs[step - 1]), f"step {step} enters from step {step - 1}'s state"
         assert torch.equal(result, ref.greedy(plain, ids, NEW, suppress=suppressed(plain)))
+
+    def test_gradients_reach_the_arguments_and_a_written_state(self, model, ids):
+        # transformers copies each block's state into its cache in place: a backward pass needs use_cache=False.
+        assert not model.family.BACKWARD_THROUGH_CACHE
+        mix = model.layers[0].linear_attn
+        with model.trace(ids, use_cache=False):
+            values = mix.attention_values.save()
+            loss = model.logits[0, -1].log_softmax(-1)[3].save()
+            with loss.backward():
+                g_values = values.grad.save()
+        with model.trace(ids, use_cache=False):
+            forget = mix.forget_gates.save()
+            decays = mix.decays.save()
+            loss = model.logits[0, -1].log_softmax(-1)[3].save()
+            with loss.backward():
+                # In the order the backward pass reaches them: the decays the kernel reads, then the gates they come from.
+                g_decays, g_forget = decays.grad.save(), forget.grad.save()
+        assert g_values.abs().sum() > 0 and g_decays.abs().sum() > 0
+        # The chain rule through d = log sigmoid(f): dL/df = dL/dd * sigmoid(-f).
+        torch.testing.assert_close(g_forget, g_decays * torch.sigmoid(-forget.detach()), rtol=1e-4, atol=1e-8)
+        with torch.no_grad(), model.trace(ids):
+            state = mix.state_after(2).save()
+        target = (state * 1.1).requires_grad_(True)
+        with model.trace(ids, use_cache=False):
+            mix.set_state_after(2, target)
+            loss = model.logits[0, -1].log_softmax(-1)[3].save()
+            with loss.backward():
+                g_target = target.grad.save()
+        assert g_target.abs().sum() > 0, "the split backend reads the written state"
 
     def test_writes_after_the_kernel_ran_or_out_of_order_raise(self, model, ids):
         from nnterp import OrderError
