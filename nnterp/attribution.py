@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from .core.errors import NnterpError
+from .core.errors import NnterpError, Unavailable
 from .sweep import per_token_states, recurrent_layers, sweep_positions, target_id
 
 __all__ = ["AttributionResult", "state_attribution", "rank_correlation"]
@@ -119,6 +119,9 @@ def state_attribution(
     """
     function = _metric_function(model, metric)
     layers = recurrent_layers(model, layers)
+    reason = getattr(model.family.MIXER, "STATES_NO_GRADIENT", None)
+    if reason is not None:
+        raise Unavailable("state_attribution", reason)
     with per_token_states(model):
         corrupt_states = dict(corrupt) if isinstance(corrupt, Mapping) else _states(model, corrupt, layers)
         missing = [layer for layer in layers if layer not in corrupt_states]

@@ -173,6 +173,9 @@ def test_project_on_vocab_is_the_final_norm_and_unembedding(model_type, load, pl
     norm, head = plain.get_submodule(model.family.LN_FINAL), plain.get_submodule(model.family.LM_HEAD)
     with torch.no_grad():
         manual = head(norm(first)) * model.family.logits_scale(plain.config)
+        cap = model.family.logits_softcap(plain.config)
+        if cap:  # xLSTM soft-caps its logits (c * tanh(x / c)), as project_on_vocab does
+            manual = cap * torch.tanh(manual / cap)
     torch.testing.assert_close(middle, manual, rtol=0, atol=1e-5)
     # outside a trace, on a plain tensor
     torch.testing.assert_close(model.project_on_vocab(first).detach(), manual, rtol=0, atol=1e-5)
@@ -334,9 +337,15 @@ def test_check_renaming_passes_on_every_family(model_type, checkpoint):
 def test_the_cache_is_reachable_under_the_standard_names(model_type, load):
     model = load(model_type)
     outputs: list = []
-    with torch.no_grad(), model.trace(PROMPT) as tracer:
-        cache = tracer.cache()
-        outputs.extend(model.layers_output[i].save() for i in range(model.num_layers))
+    try:
+        with torch.no_grad(), model.trace(PROMPT) as tracer:
+            cache = tracer.cache()
+            outputs.extend(model.layers_output[i].save() for i in range(model.num_layers))
+    except TypeError as error:
+        # nnsight's cache copies each module's output; xLSTM's base-model output class requires a field, so the copy fails.
+        if "required positional argument" not in str(error):
+            raise
+        pytest.skip(f"nnsight's tracer.cache() cannot copy {model_type}'s transformers output: {error}")
     for i, expected in enumerate(outputs):
         torch.testing.assert_close(_first(cache.model.layers[i].output), expected, rtol=0, atol=0)
     assert cache.model.lm_head.output.shape[-1] == model.vocab_size
@@ -348,6 +357,8 @@ def test_logit_lens_is_each_layer_output_through_the_final_norm_and_unembedding(
     from nnterp.interventions import logit_lens
 
     model, plain = load(model_type), plains(model_type)
+    if not model.family.MASKS_PADDING:
+        pytest.skip(f"{model_type} refuses a padded batch (its forward takes no attention mask): these helpers batch prompts")
     prompts = [PROMPT, "Hello"]
     probs = logit_lens(model, prompts)
     assert probs.shape == (2, model.num_layers, model.vocab_size)
@@ -379,6 +390,8 @@ def test_token_activations_by_value_and_patchscope(model_type, load):
     )
 
     model = load(model_type)
+    if not model.family.MASKS_PADDING:
+        pytest.skip(f"{model_type} refuses a padded batch (its forward takes no attention mask): these helpers batch prompts")
     prompts = [PROMPT, "Hello", "My favourite food is pizza with", "A"]
     default = collect_token_activations_batched(model, prompts, batch_size=3)
     assert default.shape == (model.num_layers, 4, model.hidden_size)

@@ -118,6 +118,11 @@ class MLSTM(RecurrentMixer):
     RECURRENT_ARGUMENTS = CHUNK_ARGUMENTS
     EFFECTIVE = MLSTM_ATTENTION
 
+    #: Why a loss on the model's output has no gradient by `states` (attribution patching says so).
+    STATES_NO_GRADIENT = (
+        "the mLSTM's states are computed from its kernel call's arguments, which the kernel never reads, so no loss "
+        "on the model's output reaches them; measure each patch with nnterp.sweep.patch_sweep (set_state_after) instead"
+    )
     pack = staticmethod(pack)
     unpack = staticmethod(unpack)
 

@@ -62,9 +62,10 @@ class XLSTM(Llama):
 
     @classmethod
     def tiny_sizes(cls) -> dict:
-        # The released ratios (qk 0.5, v 1.0 of hidden) with a multiple of 64 for the cache's head sizes;
-        # chunk_size 4 so a prompt runs the chunkwise kernel on whole chunks and the token loop on the rest.
+        # The released key:value ratio (1:2) at hidden 64: the cache rounds the q/k and v widths up to multiples of
+        # 64, so both must be ones (64 and 128: key_dim 16, value_dim 32, distinct so a transposed state shows).
+        # chunk_size 4: a prompt runs the chunkwise kernel on whole chunks and the token loop on the rest.
         return dict(
-            hidden_size=128, num_hidden_layers=2, num_heads=4, qk_dim_factor=0.5, v_dim_factor=1.0,
+            hidden_size=64, num_hidden_layers=2, num_heads=4, qk_dim_factor=1.0, v_dim_factor=2.0,
             chunk_size=4, ffn_proj_factor=2.0, ffn_round_up_to_multiple_of=64,
         )

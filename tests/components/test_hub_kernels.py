@@ -19,7 +19,11 @@ from nnterp.families import families
 
 PROMPT = "The Eiffel Tower is in the city of"
 #: One model type per family whose mixer reads inside its kernels.
-RECURRENT = [family.MODEL_TYPES[0] for family in families() if getattr(family.MIXER, "CHUNK_FUNCTION", "")]
+#: (A kernel that is a module's call, the mLSTM's backend, binds no module-level name a hub package could replace.)
+RECURRENT = [
+    family.MODEL_TYPES[0] for family in families()
+    if getattr(family.MIXER, "CHUNK_FUNCTION", "") and family.MIXER.CHUNK_FUNCTION in family.MODELING.__dict__
+]
 
 
 class HubFunc(torch.nn.Module):

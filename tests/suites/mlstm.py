@@ -36,6 +36,12 @@ def donor(model, layer: int, prompt: str = OTHER) -> torch.Tensor:
     return state
 
 
+def strong(state: torch.Tensor, gain: float = 30.0) -> torch.Tensor:
+    """``state`` with its memory C amplified (n and m kept): a patch a one-token decode step cannot ignore."""
+    c, n, m = MLSTM.unpack(state)
+    return MLSTM.pack(c * gain, n, m)
+
+
 def unpacked(states: torch.Tensor) -> tuple:
     """``(C, n, m)`` of packed states ``[..., key_dim, value_dim + 2]``, ``m`` without its last axis."""
     c, n, m = MLSTM.unpack(states)
@@ -123,7 +129,7 @@ class MLSTMSuite(CheckpointFixtures):
 
     @pytest.mark.parametrize("step", [1, 2])
     def test_state_input_on_a_decode_step_generates_like_hf(self, model, plain, ids, step):
-        donors = {layer: donor(model, layer, "Paris") for layer in range(len(model.layers))}
+        donors = {layer: strong(donor(model, layer)) for layer in range(len(model.layers))}
         with torch.no_grad(), model.generate(ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False) as tracer:
             for _ in tracer.iter[step]:
                 for layer, value in donors.items():
