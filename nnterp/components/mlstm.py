@@ -94,8 +94,18 @@ class _Triple(Unwrap):
 
     def put(self, value: Any, element: Any) -> Any:
         args, kwargs = value
-        triple = (None, None, None) if element is None else unpack(element)
-        return args, {**kwargs, **dict(zip(("c_initial", "n_initial", "m_initial"), triple))}
+        return args, {**kwargs, **dict(zip(("c_initial", "n_initial", "m_initial"), _triple(element, kwargs["query"].dtype)))}
+
+
+def _triple(state: torch.Tensor | None, dtype: torch.dtype) -> tuple:
+    """A packed state as the backend's ``(c_initial, n_initial, m_initial)``, in the model's dtype.
+
+    transformers keeps the state between calls in a cache of the model's dtype and the chunkwise kernel multiplies it
+    with q, k, v in theirs, so a written state is cast the same way (a no-op on a float32 model).
+    """
+    if state is None:
+        return (None, None, None)
+    return tuple(x.to(dtype) for x in unpack(state))
 
 
 class MLSTM(RecurrentMixer):
@@ -324,7 +334,6 @@ class MLSTM(RecurrentMixer):
         kwargs = dict(call.kwargs)
         for name in ("query", "key", "value", "igate", "fgate"):
             kwargs[name] = kwargs[name][:, :, lo:hi].contiguous()
-        triple = (None, None, None) if initial is None else unpack(initial)
-        kwargs.update(zip(("c_initial", "n_initial", "m_initial"), triple))
+        kwargs.update(zip(("c_initial", "n_initial", "m_initial"), _triple(initial, kwargs["query"].dtype)))
         # The class's forward, not the module's __call__: the model is mid-run, hooked by nnsight.
         return type(backend).forward(backend, *call.args, **kwargs)
