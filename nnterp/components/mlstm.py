@@ -38,7 +38,16 @@ Values, all tokens first (``seq`` is this call's tokens, one on a decode step):
   ``state_after(t)``, ``set_state_after(t, value)``: computed from the call's
   arguments (the kernel keeps only chunk boundaries); a write splits the
   backend call at ``t``. ``state`` under ``tracer.iter`` is unavailable.
+* ``effective_attention`` ``[batch, mixer_heads, seq, seq]``: exact, given the
+  gates and each token's normalizer denominator, ``h_t = Σ_s A[t, s] v_s`` plus
+  ``state_input_readout`` ``[batch, seq, mixer_heads, value_dim]`` (the entering
+  state's part; ``None`` when it is zero); `nnterp.fast.mlstm.mlstm_attention`.
 * ``attention_output`` ``[batch, seq, hidden]``: the mixer's output.
+
+Gradients: ``.grad`` reaches the kernel's arguments and ``decays`` (transformers'
+xLSTM needs ``use_cache=False`` for any backward: it copies each state into its
+cache in place), and a state written with ``set_state_after``; not ``states``,
+which the kernel never reads (`STATES_NO_GRADIENT`).
 
 The kernel is the mixer's backend module (``self.mlstm_backend(...)``), the
 same call for a prompt and for a decode step (it picks its chunkwise,
