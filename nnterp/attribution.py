@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from .core.errors import NnterpError, Unavailable
+from .core.errors import NnterpError
 from .sweep import per_token_states, recurrent_layers, sweep_positions, target_id
 
 __all__ = ["AttributionResult", "state_attribution", "rank_correlation"]
@@ -119,9 +119,6 @@ def state_attribution(
     """
     function = _metric_function(model, metric)
     layers = recurrent_layers(model, layers)
-    reason = getattr(model.family.MIXER, "STATES_NO_GRADIENT", None)
-    if reason is not None:
-        raise Unavailable("state_attribution", reason)
     with per_token_states(model):
         corrupt_states = dict(corrupt) if isinstance(corrupt, Mapping) else _states(model, corrupt, layers)
         missing = [layer for layer in layers if layer not in corrupt_states]
@@ -129,7 +126,8 @@ def state_attribution(
             raise NnterpError(f"the corrupt states given have no layers {missing}")
         saved: list = []
         values: list = []
-        with torch.enable_grad(), model.trace(clean):
+        # Without the cache where transformers writes it in place after using it (xLSTM), which a backward cannot cross.
+        with torch.enable_grad(), model.trace(clean, **({} if model.family.BACKWARD_THROUGH_CACHE else {"use_cache": False})):
             # A graph from the first layer on, whatever the parameters require: the states' taps need one.
             embedded = model.embed_tokens.output
             if not embedded.requires_grad:

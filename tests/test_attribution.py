@@ -13,7 +13,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import nnterp
 from nnterp.attribution import AttributionResult, rank_correlation, state_attribution
 from nnterp.families import families
 from nnterp.sweep import patch_sweep, per_token_states
@@ -29,13 +28,7 @@ def metric(model):
 
 @pytest.fixture(scope="module", params=KINDS)
 def model(request, load):
-    model = load(request.param)
-    reason = getattr(model.family.MIXER, "STATES_NO_GRADIENT", None)
-    if reason is not None:  # the mLSTM: state_attribution refuses, saying why
-        with pytest.raises(nnterp.Unavailable, match="patch_sweep"):
-            state_attribution(model, CLEAN, CLEAN, metric)
-        pytest.skip(reason)
-    return model
+    return load(request.param)
 
 
 def _clean(model, layers):

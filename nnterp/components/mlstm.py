@@ -44,10 +44,10 @@ Values, all tokens first (``seq`` is this call's tokens, one on a decode step):
   state's part; ``None`` when it is zero); `nnterp.fast.mlstm.mlstm_attention`.
 * ``attention_output`` ``[batch, seq, hidden]``: the mixer's output.
 
-Gradients: ``.grad`` reaches the kernel's arguments and ``decays`` (transformers'
-xLSTM needs ``use_cache=False`` for any backward: it copies each state into its
-cache in place), and a state written with ``set_state_after``; not ``states``,
-which the kernel never reads (`STATES_NO_GRADIENT`).
+Gradients (transformers' xLSTM needs ``use_cache=False`` for any backward: it
+copies each state into its cache in place): ``.grad`` reaches the kernel's
+arguments, ``decays``, a state written with ``set_state_after``, and ``states``
+read before the kernel runs (the layer's output is then read through them).
 
 The kernel is the mixer's backend module (``self.mlstm_backend(...)``), the
 same call for a prompt and for a decode step (it picks its chunkwise,
@@ -73,7 +73,7 @@ from ..core.values import DerivedEProperty, Unwrap, check_expected, replace_in
 from ..fast.mlstm import MLSTM_ATTENTION, mlstm_states, pack, unpack
 from ..recurrent.arguments import SAME, Layout, kernel_waiting
 from ..recurrent.call import Call
-from ..recurrent.gradients import graft, recording
+from ..recurrent.gradients import fill, graft, recording, tap
 from ..recurrent.kernels import needs_torch_kernels
 from ..recurrent.labels import call_label
 from ..recurrent.per_token.from_arguments import covers_the_batch
@@ -137,11 +137,6 @@ class MLSTM(RecurrentMixer):
     RECURRENT_ARGUMENTS = CHUNK_ARGUMENTS
     EFFECTIVE = MLSTM_ATTENTION
 
-    #: Why a loss on the model's output has no gradient by `states` (attribution patching says so).
-    STATES_NO_GRADIENT = (
-        "the mLSTM's states are computed from its kernel call's arguments, which the kernel never reads, so no loss "
-        "on the model's output reaches them; measure each patch with nnterp.sweep.patch_sweep (set_state_after) instead"
-    )
     pack = staticmethod(pack)
     unpack = staticmethod(unpack)
 
@@ -259,12 +254,33 @@ class MLSTM(RecurrentMixer):
 
     def _states(self) -> torch.Tensor:
         call = self._split("states")
+        if not call.writes and recording(self._serve("k")) and kernel_waiting(self):
+            return self._tapped_states(call)
         out = torch.cat([self._computed(lo, hi, initial) for lo, hi, initial in self._segments(call)], dim=1)
         for t, value in call.writes.items():
             out[:, t] = value
         call.states_read = True
         call.advance(call.seq - 1, "states")
         return out
+
+    def _tapped_states(self, call: Call) -> torch.Tensor:
+        """Under autograd: the states as a leaf the layer's output is read through, so ``states.grad`` is the loss's.
+
+        The outputs are recomputed from the states plus a zero `tap` (the
+        recurrence above), and the kernel's own output is replaced by them
+        grafted onto its values (`graft`: the same numbers bit for bit), so
+        the gradient reaches the tap at every token, through the later tokens
+        too, and the kernel's arguments through the recurrence.
+        """
+        q, k, v, i, f = (self._serve(name) for name in ("q", "k", "v", "igate", "fgate"))
+        collect = tap((k.shape[0], call.seq, *call.expected[0][1:]), k.float())
+        states, h = mlstm_states(q, k, v, i, f, call.strategy["initial"], tap=collect, eps=self._module.config.eps)
+        output = call.op.output  # the kernel has run: its output is what the layer reads on
+        mine = h.transpose(1, 2)
+        call.op.output = replace_in(output, 0, graft(mine, mine, output[0]))
+        call.states_read = True
+        call.advance(call.seq - 1, "states")
+        return fill(collect, states.detach())
 
     states = DerivedEProperty(
         _states,

@@ -50,7 +50,9 @@ def mlstm_states(
     igate: torch.Tensor,
     fgate: torch.Tensor,
     initial: torch.Tensor | None = None,
-) -> torch.Tensor:
+    tap: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The packed state after every token, ``[batch, seq, heads, key_dim, value_dim + 2]``, float32.
 
     Args are tokens first, as nnterp serves them: ``q``/``k`` ``[batch, seq,
@@ -58,6 +60,13 @@ def mlstm_states(
     ``fgate`` ``[batch, seq, heads]`` (pre-activations); ``initial`` a packed
     state or ``None`` (zeros). The update is transformers' one-step kernel's,
     in float32; ``q`` is not needed for the state.
+
+    With ``tap`` (a zero tensor of the states' shape that requires grad), it is
+    added to each token's state after its own readout, before the next token reads it, and the
+    outputs ``h`` ``[batch, seq, heads, value_dim]`` are computed from the
+    tapped states and returned too, ``(states, h)``: ``tap.grad`` at ``t`` is
+    then a loss on ``h``'s derivative by the state after ``t`` (``m``'s in key
+    row 0 of its column).
     """
     batch, seq, heads, key_dim = k.shape
     value_dim = v.shape[-1]
@@ -70,7 +79,7 @@ def mlstm_states(
     k32, v32 = k.float(), v.float()
     log_f = F.logsigmoid(fgate.float())
     i = igate.float()
-    out = []
+    out, hs = [], []
     for t in range(seq):
         m_new = torch.maximum(log_f[:, t, :, None] + m, i[:, t, :, None])
         f_act = torch.exp(log_f[:, t, :, None] + m - m_new)
@@ -78,8 +87,18 @@ def mlstm_states(
         c = f_act[..., None] * c + i_act[..., None] * (k32[:, t, :, :, None] @ v32[:, t, :, None, :])
         n = f_act * n + i_act * k32[:, t]
         m = m_new
+        if tap is not None:
+            qs = q[:, t].float() * key_dim**-0.5
+            numerator = (qs[:, :, None, :] @ c).squeeze(2)
+            denominator = torch.maximum((qs * n).sum(-1, keepdim=True).abs(), torch.exp(-m)) + eps
+            hs.append(numerator / denominator)
+            # An exact zero, after token t's own readout (as set_state_after writes): the tokens after t read the
+            # state through it, so the gradient by the state after t collects here.
+            dc, dn, dm = unpack(tap[:, t])
+            c, n, m = c + dc, n + dn, m + dm
         out.append(pack(c, n, m))
-    return torch.stack(out, dim=1)
+    states = torch.stack(out, dim=1)
+    return (states, torch.stack(hs, dim=1)) if tap is not None else states
 
 
 def mlstm_attention(
