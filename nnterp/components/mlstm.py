@@ -168,6 +168,7 @@ class MLSTM(RecurrentMixer):
     attention_values = kernel_argument("v", "the kernel's values v, [batch, seq, mixer_heads, value_dim]", Values)
     input_gates = kernel_argument("igate", "the input gate's pre-activation ĩ (exponential gate exp(ĩ)), [batch, seq, mixer_heads]", Gates)
     forget_gates = kernel_argument("fgate", "the forget gate's pre-activation f̃ (gate sigmoid(f̃)), [batch, seq, mixer_heads]", Gates)
+
     def _decays(self) -> torch.Tensor:
         forget = self._serve("fgate")
         decays = F.logsigmoid(forget.float())
