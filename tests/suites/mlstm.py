@@ -127,6 +127,23 @@ class MLSTMSuite(CheckpointFixtures):
         else:
             assert not torch.allclose(logits[:, -1], clean[:, -1], atol=1e-4), "the patch changes the prediction"
 
+    def test_state_input_on_a_prompt_continues_like_a_cache_holding_it(self, model, plain, ids):
+        # transformers' prompt kernel starts from the cached state (unlike Mamba-1's): a fresh cache with one layer's
+        # state replaced, then the whole prompt in one call.
+        from transformers.models.xlstm.modeling_xlstm import xLSTMCache
+
+        layer, value = 1, donor(model, 1)
+        with torch.no_grad(), model.trace(ids):
+            model.layers[layer].linear_attn.state_input = value
+            logits = model.logits.save()
+        cache = xLSTMCache(plain.config, ids.shape[0], dtype=torch.float32)
+        ref.set_layer_state(cache, layer, MLSTM.unpack(value))
+        with torch.no_grad():
+            expected = plain(ids, cache=cache, use_cache=True).logits
+            clean = plain(ids).logits
+        torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(logits, clean, atol=1e-4), "the entering state changes the outputs"
+
     @pytest.mark.parametrize("step", [1, 2])
     def test_state_input_on_a_decode_step_generates_like_hf(self, model, plain, ids, step):
         donors = {layer: strong(donor(model, layer)) for layer in range(len(model.layers))}
