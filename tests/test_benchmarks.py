@@ -50,3 +50,26 @@ def test_the_report_carries_the_command_the_machine_and_the_targets(results):
         assert heading in text
     assert "| states, fast path |" in text and "TransformerLens" in text
     assert any(target.startswith("generate reading state_output") for target, *_ in found["targets"])
+
+
+def test_gpu_script_dry_run_checks_fast_against_routed(tmp_path, capsys):
+    # The GPU benchmark on tiny models on the CPU: its checks (fast vs routed states and writes) run and pass.
+    from benchmarks import gpu
+
+    out = tmp_path / "gpu.md"
+    page = tmp_path / "performance.md"
+    page.write_text("# Performance\n\n" + gpu.SECTION + "\nnot run\n" + gpu.END + "\n")
+    status = gpu.main(["--cpu-dry-run", "--lengths", "12", "--check-length", "10", "--reps", "1", "--out", str(out), "--page", str(page)])
+    text = out.read_text()
+    assert status == 0 and "Checks: all passed" in text
+    assert text.count("| pass |") >= 5 and "**fail**" not in text
+    assert "not run" not in page.read_text() and page.read_text().count(gpu.SECTION) == 1
+
+
+def test_gpu_script_without_a_gpu_says_so(monkeypatch):
+    import torch
+
+    from benchmarks import gpu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu.main([]) == 2

@@ -68,7 +68,7 @@ from torch import Tensor
 
 from ..core.calls import mediator
 from ..core.dims import BATCH, KEY_DIM, MIXER_HEADS, SEQ, STATE_COLUMNS, Gates, Values
-from ..core.errors import NnterpError
+from ..core.errors import NnterpError, Unavailable
 from ..core.values import DerivedEProperty, Unwrap, check_expected, replace_in
 from ..fast.mlstm import MLSTM_ATTENTION, mlstm_states, pack, unpack
 from ..recurrent.arguments import SAME, Layout, kernel_waiting
@@ -86,6 +86,10 @@ PackedStates = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {KEY_DIM} {STATE_COLU
 #: ``[batch, heads, seq, ...]``, heads first (the backend's q, k, v and gates); written back contiguous.
 HEADS_FIRST = Layout("[batch, heads, seq, ...]", lambda e: e.transpose(1, 2), lambda v, e: v.transpose(1, 2).contiguous())
 
+_NO_CACHE = (
+    "this call runs without a cache, so its final state carries on nowhere (the backend returns one all the same): "
+    "run it with use_cache=True (the default of a trace and of generate)"
+)
 _NO_ITERATION = (
     "the mLSTM's prompt kernel (chunkwise, then a token loop only for the tokens past the last whole chunk) has no "
     "location that holds the state once per token for tracer.iter; read state_after(t) or states (computed from the "
@@ -121,8 +125,10 @@ class MLSTM(RecurrentMixer):
     """An xLSTM mLSTM layer (``layer.linear_attn``): see the module docstring for its values."""
 
     REFERENCE = "transformers.models.xlstm.modeling_xlstm.xLSTMLayer"
-    #: The backend module's call in the layer's forward: prompt and decode step alike.
-    CHUNK_FUNCTION = "self_mlstm_backend"
+    #: No module-level kernel name (nothing to route): the kernel is the backend module's call in the layer's
+    #: forward, ``BACKEND_CALL``, prompt and decode step alike.
+    CHUNK_FUNCTION = ""
+    BACKEND_CALL = "self_mlstm_backend"
     CONV_FUNCTIONS = ()
     SEQ_ARGUMENT = "k"
     #: ``self.mlstm_backend(query=, key=, value=, igate=, fgate=, c_initial=, n_initial=, m_initial=)``.
@@ -144,7 +150,7 @@ class MLSTM(RecurrentMixer):
     def find_labels(cls, hf_mixer: type) -> dict:
         # One call for every length: no decode kernel, no cache test, no per-token binding.
         return {
-            "CHUNK_KERNEL": call_label(hf_mixer.forward, cls.CHUNK_FUNCTION),
+            "CHUNK_KERNEL": call_label(hf_mixer.forward, cls.BACKEND_CALL),
             "RECURRENT_KERNEL": None, "CACHE_TEST": None, "STATE_OP": None, "STEP_STATE_OP": None,
         }
 
@@ -197,10 +203,17 @@ class MLSTM(RecurrentMixer):
         check_expected("`linear_attn.state_input`", value, *call.expected)
         self._assign_argument("state", value)
 
+    def _cached(self, what: str) -> None:
+        """Raise unless the call runs with a cache: only then does its final state carry on (as on every mixer)."""
+        if self._split(what).strategy["initial"] is None:  # xLSTM passes no state exactly when it has no cache
+            raise Unavailable(f"linear_attn.{what}", _NO_CACHE)
+
     def _read_output_state(self) -> torch.Tensor:
+        self._cached("state_output")
         return pack(*self._record().op.output[1])
 
     def _write_output_state(self, value: Any) -> None:
+        self._cached("state_output")
         call = self._record()
         output = call.op.output
         check_expected("`linear_attn.state_output`", value, *call.expected)

@@ -47,14 +47,15 @@ from ..fast.effective import EffectiveSpec
 from ..fast.specs import FastSpec
 from ..recurrent import arguments
 from ..recurrent.call import KERNEL_RAN, Call
-from ..recurrent.kernels import modeling_of, needs_torch_kernels, original_body, signature_binding
+from ..recurrent.kernels import drill, modeling_of, needs_torch_kernels, original_body, signature_binding
 from ..recurrent.labels import Label, cache_test, call_label, state_label
 from ..recurrent.per_token import iteration_strategy, strategy_for
 from ..recurrent.per_token.loop import TOKEN_LOOP, TokenOp, needs_recurrent_routing
 from ..recurrent.routing import route_delta_rule, route_kernels, track  # noqa: F401  (documented here)
-from ..recurrent.settings import REMOTE
+from ..recurrent.settings import REMOTE, generating
 from . import call_state
 from . import effective_attention as effective
+from .gradient_support import gradient_reasons
 
 __all__ = [
     "RecurrentMixer", "kernel", "needs_torch_kernels", "needs_recurrent_routing", "route_kernels",
@@ -198,7 +199,10 @@ class RecurrentMixer(Standard):
             # How often each kernel has started before this call: a later request
             # for its arguments past that count would land in the next call.
             started = {label: med.occurrence(f"{self.path}.source.{label}.input") for label in (self.CHUNK_KERNEL, self.RECURRENT_KERNEL)}
-            return {"seq": hidden.shape[1], "cache": cache, "continues": self.continues_cache(cache), "kernels": started}
+            return {
+                "seq": hidden.shape[1], "cache": cache, "continues": self.continues_cache(cache), "kernels": started,
+                "arguments": bound,  # the forward's own arguments (RWKV's state list, which it carries instead of a cache)
+            }
 
         return per_call(self, "inputs", read)
 
@@ -335,6 +339,12 @@ class RecurrentMixer(Standard):
     effective_attention_of = effective.effective_attention_of
     _effective = effective.effective_values
 
+    # -- which values carry a gradient (gradient_support.py) ------------------------------
+
+    def gradients(self) -> dict[str, str | None]:
+        """Per value, ``None`` where its ``.grad`` is served now, else why not (``support()``'s ``.grad`` rows)."""
+        return gradient_reasons(self)
+
     # -- the state after every token: one declaration, served by the chosen strategy -------
 
     def _token_state_op(self) -> str:
@@ -346,9 +356,15 @@ class RecurrentMixer(Standard):
         return iteration_strategy(self).token_op(self)
 
     def _iterated_state(self) -> torch.Tensor:
+        if generating(self):
+            # tracer.iter counts generate's steps, one call of the mixer each: the state that step leaves.
+            return self.state_after(-1)
         return iteration_strategy(self).state(self)
 
     def _assign_iterated_state(self, value: torch.Tensor) -> None:
+        if generating(self):
+            self.set_state_after(-1, value)
+            return
         iteration_strategy(self).set_state(self, value)
 
     def _states(self) -> States:
@@ -358,7 +374,7 @@ class RecurrentMixer(Standard):
         _iterated_state,
         assign=_assign_iterated_state,
         key=Key(_token_state_op),
-        description="the state after a token of the prompt, one occurrence per token (tracer.iter), [batch, ...state]; needs route_kernels(family, 'torch')",
+        description="the state after a token of the prompt, one occurrence per token (tracer.iter; under generate, the state each step leaves), [batch, ...state]; needs route_kernels(family, 'torch')",
         unavailable=_iteration_reason,
         annotation=State,
     )
@@ -394,6 +410,19 @@ class RecurrentMixer(Standard):
         strategy_for(self).set_state_after(self, t, value)
 
     # -- a component's own update rule, for a write inside a call (the token loop) ---------
+
+    def _loop_source(self, op: Any) -> Any:
+        """The source of the token loop inside kernel call ``op`` (RWKV's kernel calls its loop: one level further)."""
+        return drill(op)
+
+    def _token_state(self, call: Call, occurrence: int | None) -> torch.Tensor:
+        """The state bound at ``occurrence`` of the state op (``None``: the next one), as `states` serves it."""
+        with pinned(occurrence):
+            return call.strategy["op"].output
+
+    def kernel_reason(self) -> str | None:
+        """Why this mixer's kernel has no Python loop to read, beyond the bindings `needs_torch_kernels` checks."""
+        return None
 
     def _continue_op(self, call: Call) -> Any:
         """The per-token op whose occurrence ``t + 1`` `_continue_from` writes at (the state op by default)."""

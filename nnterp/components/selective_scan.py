@@ -172,7 +172,7 @@ class SelectiveScan(RecurrentMixer):
     )
     state_output = RecurrentMixer.state_output.variant("the state after this call's last token, [batch, channels, state_size]", ScanState)
     state = RecurrentMixer.state.variant(
-        "the state after a token of the prompt, one occurrence per token (tracer.iter), [batch, channels, state_size]", ScanState
+        "the state after a token of the prompt, one occurrence per token (tracer.iter; under generate, the state each step leaves), [batch, channels, state_size]", ScanState
     )
     states = RecurrentMixer.states.variant("the state after every token of this call, [batch, seq, channels, state_size]", ScanStates)
     effective_attention = RecurrentMixer.effective_attention.variant(

@@ -25,8 +25,8 @@ class XLSTM(Llama):
     as ``mlp``); there is no ``self_attn``. The parts live under ``backbone``
     (``blocks``, ``embeddings``, ``out_norm``); the logits are soft-capped
     (``output_logit_soft_cap``). transformers' forward takes no attention mask,
-    so nnterp refuses a left-padded batch (``MASKS_PADDING = False``); it copies each block's state into
-    its cache in place after using it, so a backward pass needs ``use_cache=False`` (``BACKWARD_THROUGH_CACHE``).
+    so nnterp refuses a left-padded batch (``PADDING_REFUSED``); it copies each block's state into its
+    cache in place after using it, so a backward pass needs ``use_cache=False`` (``BACKWARD_KWARGS``).
     """
 
     MODELING = MODELING
@@ -41,8 +41,14 @@ class XLSTM(Llama):
     DECODER_LAYERS = (MODELING.xLSTMBlock,)
     COMPONENTS = {MODELING.xLSTMLayer: MLSTM}
     MIXER = MLSTM
-    MASKS_PADDING = False
-    BACKWARD_THROUGH_CACHE = False
+    PADDING_REFUSED = (
+        "transformers' xLSTM forward takes no attention mask, so a padded batch would run the padding through every "
+        "block's mLSTM state and change each shorter prompt's result: trace prompts of one length together, or each "
+        "prompt in its own trace"
+    )
+    #: With use_cache=True, transformers copies each block's state into the cache in place after the kernel
+    #: read it, so autograd refuses a backward pass (a plain transformers forward included).
+    BACKWARD_KWARGS = {"use_cache": False}
 
     REAL_CHECKPOINTS = {
         "NX-AI/xLSTM-7b": RealCheckpoint(

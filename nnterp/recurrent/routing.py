@@ -87,7 +87,7 @@ def mixers_of(family: Any) -> list[tuple[type, type]]:
     family = family_of(family)
     found = [
         (hf, component) for hf, component in family.COMPONENTS.items()
-        if getattr(component, "CHUNK_FUNCTION", "") and hasattr(component, "find_labels")
+        if hasattr(component, "CHUNK_FUNCTION") and hasattr(component, "find_labels")
     ]
     if not found:
         raise NnterpError(
@@ -146,8 +146,8 @@ def route_kernels(family: Any, mode: str) -> Routing:
     stash = modeling.__dict__.setdefault(STASH, {})
     target: dict[str, Any] = {}
     for hf_mixer, component in mixers_of(family):
-        # Only module-level names route: a kernel that is a module's call (the mLSTM's backend) has none to rebind.
-        names = tuple(n for n in (component.CHUNK_FUNCTION, component.RECURRENT_FUNCTION, *component.CONV_FUNCTIONS) if n in modeling.__dict__)
+        # A mixer whose recurrence is its own method (RG-LRU) names no kernel: nothing of it to rebind.
+        names = tuple(name for name in (component.CHUNK_FUNCTION, component.RECURRENT_FUNCTION, *component.CONV_FUNCTIONS) if name)
         for name in names:
             stash.setdefault(name, modeling.__dict__[name])
         if mode == "default":
@@ -155,7 +155,7 @@ def route_kernels(family: Any, mode: str) -> Routing:
             continue
         target.update({name: torch_function(stash[name]) for name in names})
         labels = labels_for(component, hf_mixer)
-        if labels["STATE_OP"] is not None and not component.ONE_STEP_DECODE:
+        if labels["STATE_OP"] is not None and not component.ONE_STEP_DECODE and component.CHUNK_FUNCTION:
             target[component.CHUNK_FUNCTION] = target[component.RECURRENT_FUNCTION]
     previous = {name: modeling.__dict__[name] for name in target}
     _rebind(modeling, target)

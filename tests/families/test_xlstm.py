@@ -19,7 +19,7 @@ class TestXLSTM(MLSTMSuite):
             assert layer.self_attn is None
 
     def test_a_padded_batch_is_refused_and_one_length_runs(self, model):
-        with pytest.raises(nnterp.NnterpError, match="no attention mask"), torch.no_grad(), model.trace([PROMPT, OTHER]):
+        with pytest.raises(nnterp.NnterpError, match="takes no attention mask"), torch.no_grad(), model.trace([PROMPT, OTHER]):
             model.logits.save()
         with torch.no_grad(), model.trace([PROMPT, PROMPT]):
             batch = model.logits.save()

@@ -44,11 +44,6 @@ def ids_of(model):
     return model.tokenizer(PROMPT, return_tensors="pt").input_ids
 
 
-def grad_trace(model, ids):
-    """A trace that can take a backward pass: without the cache where transformers writes it in place (xLSTM)."""
-    return model.trace(ids) if model.family.BACKWARD_THROUGH_CACHE else model.trace(ids, use_cache=False)
-
-
 def central_difference(model, ids, write) -> list:
     """``(metric(+eps) - metric(-eps)) / 2 eps`` for eps in `STEPS`, where ``write(eps)`` writes inside a trace."""
     found = []
@@ -78,7 +73,7 @@ def test_states_grad_matches_finite_differences(model):
         with torch.no_grad(), model.trace(ids):
             plain = mix.states.save()
             plain_logits = model.logits.save()
-        with grad_trace(model, ids):
+        with model.trace(ids, **model.family.BACKWARD_KWARGS):
             states = mix.states.save()
             logits = model.logits.save()
             loss = metric(model).save()
@@ -101,7 +96,7 @@ def test_argument_grad_matches_finite_differences(model, name):
     mix = model.layers[recurrent(model)[0]].linear_attn
     if name not in type(mix).values():
         pytest.skip(f"{type(mix).__name__} serves no {name}")
-    with grad_trace(model, ids):
+    with model.trace(ids, **model.family.BACKWARD_KWARGS):
         value = getattr(mix, name).save()
         loss = metric(model).save()
         with loss.backward():
@@ -141,7 +136,7 @@ def test_fast_states_are_a_function_of_the_arguments(load, model_type):
     with nnterp.fast_states(model):
         with torch.no_grad(), model.trace(ids):
             plain = mix.states.save()
-        with model.trace(ids):
+        with model.trace(ids, **model.family.BACKWARD_KWARGS):
             value = getattr(mix, name).save()
             states = mix.states.save()
     torch.testing.assert_close(states.detach(), plain, rtol=1e-5, atol=1e-7)  # float32 rounding (no out= under autograd)
@@ -149,7 +144,7 @@ def test_fast_states_are_a_function_of_the_arguments(load, model_type):
     (grad,) = torch.autograd.grad((states * weights).sum(), value, retain_graph=True)
     assert grad.abs().sum() > 0
     # Against the kernel's own final state, a function of the same argument.
-    with model.trace(ids):
+    with model.trace(ids, **model.family.BACKWARD_KWARGS):
         kernel_value = getattr(mix, name).save()
         final = mix.state_output.save()
     (expected,) = torch.autograd.grad((final * weights[:, -1]).sum(), kernel_value)
@@ -168,7 +163,7 @@ def test_set_state_after_target_grad_matches_finite_differences(model, strategy)
         with torch.no_grad(), model.trace(ids):
             clean = mix.state_after(t).save()
         target = (clean * 1.1).requires_grad_(True)
-        with grad_trace(model, ids):
+        with model.trace(ids, **model.family.BACKWARD_KWARGS):
             mix.set_state_after(t, target)
             loss = metric(model).save()
             with loss.backward():

@@ -194,7 +194,7 @@ class MLSTMSuite(CheckpointFixtures):
 
     def test_gradients_reach_the_arguments_and_a_written_state(self, model, ids):
         # transformers copies each block's state into its cache in place: a backward pass needs use_cache=False.
-        assert not model.family.BACKWARD_THROUGH_CACHE
+        assert model.family.BACKWARD_KWARGS == {"use_cache": False}
         mix = model.layers[0].linear_attn
         with model.trace(ids, use_cache=False):
             values = mix.attention_values.save()

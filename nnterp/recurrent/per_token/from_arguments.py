@@ -157,8 +157,10 @@ class FromArguments(PerToken):
         if call.writes and max(call.writes) >= position:
             raise OrderError(order_hint(what, f"set_state_after({max(call.writes)}, value)"))
         read = call.strategy.get("read", {}).get(position)
-        if read is not None and position not in call.writes and torch.equal(value, read):
-            return  # writing back the state this call computes: the call already continues from it, bit for bit
+        if read is not None and position not in call.writes and not recording(value) and torch.equal(value, read):
+            # Writing back the state this call computes: the call already continues from it, bit for bit. Not under
+            # autograd: a target's .grad needs the tokens after it to read the target itself.
+            return
         call.writes[position] = value
         result = self._split_result(mixer, call)
         if not call.strategy["served"] and covers_the_batch():
