@@ -42,13 +42,20 @@ from pathlib import Path
 
 import torch
 
-FAMILIES = {
-    "qwen3_5_text": "gated DeltaNet",
-    "qwen3_5_text:slow": "gated DeltaNet, slow decay",
-    "mamba": "Mamba-1",
-    "mamba2": "Mamba-2",
-    "kimi_linear": "Kimi (KDA)",
-}
+from nnterp.components.kimi_delta_attention import KimiDeltaAttention
+from nnterp.components.linear_attention import LinearAttention
+from nnterp.components.selective_scan import SelectiveScan
+from nnterp.components.state_space import StateSpace
+from nnterp.families import families
+
+#: The first family of each mixer TransformerLens has an effective attention for, from the registry (a model_type
+#: list is kept in nnterp/families alone), with the DeltaNet's slow-decay copy beside it.
+KINDS = {LinearAttention: "gated DeltaNet", SelectiveScan: "Mamba-1", StateSpace: "Mamba-2", KimiDeltaAttention: "Kimi (KDA)"}
+FAMILIES = {}
+for _family in (f for f in families() if f.MIXER in KINDS and KINDS[f.MIXER] not in FAMILIES.values()):
+    FAMILIES[_family.NAME] = KINDS[_family.MIXER]
+    if _family.MIXER is LinearAttention:
+        FAMILIES[f"{_family.NAME}:slow"] = "gated DeltaNet, slow decay"
 #: ``A_log`` of every gated DeltaNet layer in the ``:slow`` variant: exp(g) ≈ 0.9 per step instead of ≈ 0.02.
 SLOW_A_LOG = -2.5
 PROMPT = "The Eiffel Tower is in the city of"

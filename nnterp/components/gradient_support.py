@@ -7,7 +7,8 @@ per-token states so). A served value the model does not read has none, and
 its ``.grad`` fails with nnsight's ``OutOfOrderError`` ("requested but the
 model already ran past it") once the backward pass ends without reaching it.
 `gradient_reasons` says, per value and per the live settings, which case
-holds, and why: `RecurrentMixer.gradients` binds it, and ``support()`` lists
+holds, and why (a component adds its own gradient-less values in
+``GRADIENTLESS``, value name -> reason): `RecurrentMixer.gradients` binds it, and ``support()`` lists
 it beside the values.
 
 The ``set_state_after.grad`` row is the gradient of a ``set_state_after(t,
@@ -63,13 +64,15 @@ def gradient_reasons(mixer: Any) -> dict[str, str | None]:
             continue
         reason = value.reason(mixer)
         if reason is None:
-            reason = NEVER.get(name)
+            reason = type(mixer).GRADIENTLESS.get(name, NEVER.get(name))
         if reason is None and name == "states" and isinstance(strategy_for(mixer), FromArguments):
             reason = FAST_STATES
         if reason is None and name == "state_output" and needs_recurrent_routing(mixer) is not None:
             reason = FINAL_STATE
         reasons[name] = reason
-    reasons["set_state_after"] = strategy_for(mixer).unavailable(mixer)
+    # A write's target is read wherever the states are served (a component serving them its own way included).
+    states = type(mixer).values().get("states")
+    reasons["set_state_after"] = states.reason(mixer) if states is not None else strategy_for(mixer).unavailable(mixer)
     return reasons
 
 

@@ -53,7 +53,7 @@ from ..recurrent.per_token import iteration_strategy, strategy_for
 from ..recurrent.per_token.loop import TOKEN_LOOP, TokenOp, needs_recurrent_routing
 from ..recurrent.routing import route_delta_rule, route_kernels, track  # noqa: F401  (documented here)
 from ..recurrent.settings import REMOTE, generating
-from . import call_state
+from . import call_state, selected_states
 from . import effective_attention as effective
 from .gradient_support import gradient_reasons
 
@@ -97,7 +97,7 @@ class RecurrentMixer(Standard):
     ``KERNEL`` names the call that fires on this call of the mixer, decided
     once per call by the forward's own test, so the same values work in a
     trace and at every step of ``tracer.iter``. The state after every token
-    (`state`, `states`, `state_after`, `set_state_after`) is served by the
+    (`state`, `states`, `state_after`, `states_of`, `set_state_after`) is served by the
     strategy `nnterp.recurrent.per_token.strategy_for` picks: the token loop
     once ``nnterp.route_kernels(model.family, "torch")`` routes the family's
     prompts through it (like eager attention, the user's choice), Mamba-2's
@@ -341,6 +341,9 @@ class RecurrentMixer(Standard):
 
     # -- which values carry a gradient (gradient_support.py) ------------------------------
 
+    #: Values of this component no gradient reaches, beyond the shared ones (`gradient_support.NEVER`): name -> why.
+    GRADIENTLESS: dict[str, str] = {}
+
     def gradients(self) -> dict[str, str | None]:
         """Per value, ``None`` where its ``.grad`` is served now, else why not (``support()``'s ``.grad`` rows)."""
         return gradient_reasons(self)
@@ -392,6 +395,8 @@ class RecurrentMixer(Standard):
         counts from the call's own first token on a decode step.
         """
         return strategy_for(self).state_after(self, t)
+
+    states_of = selected_states.states_of
 
     def set_state_after(self, t: int, value: torch.Tensor) -> None:
         """Assign the state after token ``t``: the tokens after it continue from ``value``.

@@ -239,6 +239,11 @@ class ShortConvolution(RecurrentMixer):
         width = self._module.conv_kernel_size
         return self._extended()[..., width:].transpose(1, 2)
 
+    GRADIENTLESS = {
+        "conv_input": "u = B * x is served for reading, sliced from the window the kernel convolves, which is built "
+        "beside it: no gradient reaches it; differentiate input_gates and attention_values, which the forward consumes",
+    }
+
     conv_input = DerivedEProperty(
         _conv_input,
         description="u = B * x, the convolution's input (what the window keeps), [batch, seq, conv_channels]; read-only",

@@ -87,7 +87,7 @@ VARIANTS: dict[str, tuple[dict, ...]] = {
 STRATEGIES_OF: dict[str, tuple[str, ...]] = {
     "LinearAttention": ("routed", "fast"),
     "KimiDeltaAttention": ("routed", "fast"),
-    "SelectiveScan": ("default", "routed"),
+    "SelectiveScan": ("default", "routed", "fast"),
     "StateSpace": ("chunks", "fast", "routed+chunks"),
 }
 
