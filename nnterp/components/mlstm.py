@@ -323,6 +323,27 @@ class MLSTM(RecurrentMixer):
         call.strategy["read"][position] = value
         return value
 
+    def states_of(self, positions: Any) -> torch.Tensor:
+        """The packed states after tokens ``positions`` only, ``[batch, len(positions), ...]``: ``states[:, positions]``.
+
+        Computed from the call's arguments up to the last selected token, once.
+        Order and gradients as `state_after` (a new tensor: read ``states.grad``).
+        """
+        what = "states_of(positions)"
+        call = self._split(what)
+        chosen = call.positions(positions, what)
+        if not chosen:
+            shape = call.expected[0]
+            return torch.empty((shape[0], 0, *shape[1:]), device=call.expected[2])
+        last = max(chosen)
+        pieces = [self._computed(lo, hi, initial) for lo, hi, initial in self._segments(call, last + 1)]
+        states = torch.cat(pieces, dim=1)
+        for t, value in call.writes.items():
+            if t <= last:
+                states[:, t] = value
+        call.advance(last, what)
+        return states[:, chosen]
+
     def set_state_after(self, t: int, value: torch.Tensor) -> None:
         """Continue the tokens after ``t`` from the packed state ``value``; token ``t``'s own output is unchanged.
 

@@ -89,8 +89,11 @@ class MLSTMSuite(CheckpointFixtures):
             early = mix.state_after(2).save()
             late = mix.state_after(-1).save()
         with torch.no_grad(), model.trace(ids):
+            some = mix.states_of([5, -1, 2, 5]).save()
+        with torch.no_grad(), model.trace(ids):
             states = mix.states.save()
         assert torch.equal(early, states[:, 2]) and torch.equal(late, states[:, -1])
+        assert torch.equal(some, states[:, [5, -1, 2, 5]])
 
     def test_kernel_arguments_reproduce_states_through_the_paper_recurrence(self, model):
         mix = model.layers[1].linear_attn
