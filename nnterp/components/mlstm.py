@@ -143,6 +143,14 @@ class MLSTM(RecurrentMixer):
     RECURRENT_ARGUMENTS = CHUNK_ARGUMENTS
     EFFECTIVE = MLSTM_ATTENTION
 
+    #: Gradient-less values beyond the shared ones (`nnterp.components.gradient_support`).
+    GRADIENTLESS = {
+        "state_output": (
+            "the backend returns its final state beside its outputs, which do not read it (the model only copies it "
+            "into its cache), so no gradient of this call's outputs reaches it: states.grad[:, -1] is the derivative "
+            "by the state after the last token"
+        ),
+    }
     pack = staticmethod(pack)
     unpack = staticmethod(unpack)
 
@@ -362,8 +370,8 @@ class MLSTM(RecurrentMixer):
             call.check_not_started(what, "this call's kernel had already started (state_output, attention_output or a later value was read first)")
         call.check_write(position, what)
         read = call.strategy["read"].get(position)
-        if read is not None and position not in call.writes and torch.equal(value, read):
-            return  # the call already continues from this very state
+        if read is not None and position not in call.writes and not recording(value) and torch.equal(value, read):
+            return  # the call already continues from this very state (a target under autograd is still read, for .grad)
         call.writes[position] = value
         result = self._split_result(call)
         if not call.strategy["served"] and covers_the_batch():
