@@ -190,9 +190,12 @@ def demo_command(args: argparse.Namespace) -> int:
         norms = torch.stack([s[0].flatten(1).norm(dim=-1) for s in states], 1)  # [seq, layers]
         for token, row in zip(tokens, norms):
             print("  " + repr(token).ljust(14) + "".join(f"{float(v):9.3f}" for v in row))
-        same = all(torch.equal(s[:, -1], final) for s, final in zip(states, finals))
+        # Bit for bit where the states are the kernel's own (a token loop); to float rounding where they are
+        # computed from the kernel call's arguments (the mLSTM): then the difference is shown.
+        same = max(float((s[:, -1] - final).abs().max()) for s, final in zip(states, finals))
         gap = max(float((final - last).abs().max()) for final, last in zip(finals, leaving))
-        print(f"  states[:, -1] == state_output: {same}; against the chunked kernel's state_output: max |diff| {gap:.1e}")
+        equal = "True" if same == 0 else f"to {same:.1e} (computed from the kernel call's arguments)"
+        print(f"  states[:, -1] == state_output: {equal}; against the chunked kernel's state_output: max |diff| {gap:.1e}")
 
         n_donor = len(model.tokenizer(donor).input_ids)
         T = min(len(tokens), n_donor) // 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -126,7 +127,9 @@ def test_demo_runs_on_every_recurrent_familys_tiny_checkpoint(model_type, tmp_pa
     text = capsys.readouterr().out
     assert code == 0, text
     assert f"nnterp demo: {model_type}" in text and "the state leaving the prompt" in text
-    assert "states[:, -1] == state_output: True" in text
+    # Bit for bit from a token loop; to float rounding where the states are computed from the kernel's arguments (mLSTM).
+    close = re.search(r"states\[:, -1\] == state_output: to (\S+) \(computed from the kernel call's arguments\)", text)
+    assert "states[:, -1] == state_output: True" in text or (close is not None and float(close.group(1)) < 1e-5)
     assert (tmp_path / "plots" / "state_norms.png").stat().st_size > 5_000
 
 

@@ -244,8 +244,9 @@ class RecurrentMixer(Standard):
             call.check_not_started("a kernel argument", KERNEL_RAN)
             call.args, call.kwargs = op.inputs
             call.output_at = mediator().occurrence(f"{op.path}.output")
-            call.seq = self._serve(self.SEQ_ARGUMENT, call).shape[1]
-            call.expected = (self._state_shape(call), torch.float32, call.args[0].device)
+            tokens = self._serve(self.SEQ_ARGUMENT, call)  # positional or keyword (the mLSTM's backend takes keywords only)
+            call.seq = tokens.shape[1]
+            call.expected = (self._state_shape(call), torch.float32, tokens.device)
             return call
 
         return per_call(self, "call", make)

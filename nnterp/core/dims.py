@@ -34,6 +34,9 @@ never disagree.
   attention channels there): 0 the numerator ``a``, 1 the denominator ``b``,
   2 the running maximum ``p`` they are scaled by (the sums are ``a·eᵖ`` and
   ``b·eᵖ``). Its token shift is a ``conv_width`` 1 window.
+* ``state_columns``: the mLSTM's packed state columns, ``value_dim + 2``: its
+  matrix memory ``C``'s ``value_dim`` columns, then its normalizer ``n``, then
+  its stabilizer ``m`` (`nnterp.components.mlstm`).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ EXPERTS = "experts"
 LRU_WIDTH = "lru_width"
 CONV_WINDOW = "conv_window"
 WKV_PARTS = "wkv_parts"
+STATE_COLUMNS = "state_columns"
 
 Hidden = Float[Tensor, f"{BATCH} {SEQ} {HIDDEN}"]
 Logits = Float[Tensor, f"{BATCH} {SEQ} {VOCAB}"]

@@ -43,7 +43,7 @@ def _mixer(model):
 def _needs_iteration(model):
     """Skip, with support()'s reason, a kind with no per-token location for ``tracer.iter`` (a short convolution)."""
     reason = model.support()["linear_attn.state"]
-    reasons = set(reason.values()) if isinstance(reason, dict) else {reason}
+    reasons = set(reason.values()) if isinstance(reason, dict) else set(reason) if isinstance(reason, list) else {reason}
     if None not in reasons:
         pytest.skip(f"`state` under tracer.iter is unavailable: {reasons.pop()}")
 

@@ -31,10 +31,22 @@ PROMPT = "The quick brown fox jumps over the lazy dog, again and again"
 SELECTIONS = ([0], [3, -1, 1, 3], range(2, 6), torch.tensor([5, 0]))
 
 
+def needs_fast(model):
+    """Skip a kind that has no fast path (the RG-LRU, RWKV, LFM2, the mLSTM: their own strategy only)."""
+    if model.family.MIXER.FAST is None:
+        pytest.skip(f"{model.family.MIXER.__name__} has no fast path")
+
+
+def fast(model):
+    """The fast path (a setting applied now, undone by ``with``), or a skip on a kind that has none."""
+    needs_fast(model)
+    return nnterp.fast_states(model)
+
+
 def setting(model, name):
     """The model's own per-token strategy (routed kernels; chunk_per_token on Mamba-2), or the fast path."""
     if name == "fast":
-        return nnterp.fast_states(model)
+        return fast(model)
     if model.family.MIXER.CHUNKED_SCAN:
         return nnterp.chunk_per_token(model)
     return nnterp.route_kernels(model.family, "torch")
@@ -119,7 +131,9 @@ def test_the_order_rules_are_state_afters(case):
                 # nnterp's OrderError names the order; a component reading its own bindings (LFM2's gates) gets nnsight's.
                 outcomes.append("refused")
         assert outcomes[0] == outcomes[1], outcomes
-        assert outcomes[0] == (None if name == "fast" else "refused")
+        # A component computing its states from the call's arguments (the mLSTM, lightning attention) reads them later too.
+        from_arguments = name == "fast" or getattr(type(mix), "STATES_FROM_ARGUMENTS", False)
+        assert outcomes[0] == (None if from_arguments else "refused")
         with pytest.raises(PositionError, match="outside this call"), model.trace(ids):
             mix.states_of([0, ids.shape[1]])
         with pytest.raises(WrongType, match="sequence of token positions"), model.trace(ids):
@@ -130,7 +144,7 @@ def test_on_the_fast_path_reads_around_a_write_see_it(fast_model, monkeypatch):
     model = fast_model
     monkeypatch.setattr(from_arguments, "SELECTION_BLOCK", 3)
     ids, mix = ids_of(model), first_mixer(model)
-    with nnterp.fast_states(model):
+    with fast(model):
         with torch.no_grad(), model.trace(ids):
             clean = mix.state_after(3).save()
         value = 2.0 * clean
@@ -147,6 +161,7 @@ def test_on_the_fast_path_memory_and_work_follow_the_selection(fast_model, monke
     block = 4
     monkeypatch.setattr(from_arguments, "SELECTION_BLOCK", block)
     ids, mix = ids_of(model), first_mixer(model)
+    needs_fast(model)
     buffers, tokens = [], []
     allocate = FromArguments._buffer
 
@@ -162,7 +177,7 @@ def test_on_the_fast_path_memory_and_work_follow_the_selection(fast_model, monke
 
     monkeypatch.setattr(FromArguments, "_buffer", probe)
     monkeypatch.setattr(type(mix), "FAST", dataclasses.replace(spec, compute=compute))
-    with nnterp.fast_states(model):
+    with fast(model):
         with torch.no_grad(), model.trace(ids):
             states = mix.states.save()
         assert buffers == [tuple(states.shape)] and sum(tokens) == ids.shape[1], "states: one [batch, seq, ...] buffer"
@@ -191,7 +206,7 @@ def test_on_the_fast_path_under_autograd_a_function_of_the_arguments(fast_model,
     model = fast_model
     monkeypatch.setattr(from_arguments, "SELECTION_BLOCK", 4)
     ids, mix = ids_of(model), first_mixer(model)
-    with nnterp.fast_states(model), model.trace(ids):
+    with fast(model), model.trace(ids):
         value = mix.attention_values.save()
         states = mix.states.save()
         got = mix.states_of([6, 2]).save()

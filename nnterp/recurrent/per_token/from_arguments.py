@@ -208,7 +208,7 @@ class FromArguments(PerToken):
             return
         call.writes[position] = value
         result = self._split_result(mixer, call)
-        if not call.strategy["served"] and _covers_the_batch():
+        if not call.strategy["served"] and covers_the_batch():
             call.op.skip(result)
         else:
             # Another invoke shares this kernel call (a skip must cover every row, and the
@@ -237,7 +237,7 @@ class FromArguments(PerToken):
     set_state = state  # type: ignore[assignment]
 
 
-def _covers_the_batch() -> bool:
+def covers_the_batch() -> bool:
     """Whether this worker's rows are the whole batch (one invoke), so its write may skip the kernel call."""
     med = mediator()
     batcher = getattr(med.interleaver, "batcher", None)

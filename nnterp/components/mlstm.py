@@ -1,0 +1,409 @@
+"""MLSTM: xLSTM's matrix-memory LSTM cell (Beck et al., 2024, arXiv:2405.04517).
+
+Mental model: per head, a matrix memory ``C`` ``[key_dim, value_dim]`` (key
+first, as a DeltaNet's state), a normalizer ``n`` ``[key_dim]`` and a
+stabilizer ``m`` (one number). Each token writes its key-value product with an
+exponential input gate and forgets with a sigmoid forget gate; the readout is
+normalized:
+
+    m_t = max(log σ(f̃_t) + m_{t-1}, ĩ_t)                       (the stabilizer)
+    C_t = exp(log σ(f̃_t) + m_{t-1} - m_t) C_{t-1} + exp(ĩ_t - m_t) k_t v_tᵀ
+    n_t = exp(log σ(f̃_t) + m_{t-1} - m_t) n_{t-1} + exp(ĩ_t - m_t) k_t
+    h_t = C_tᵀ q̂_t / (max(|n_tᵀ q̂_t|, exp(-m_t)) + eps),  q̂_t = q_t / √key_dim
+
+``C`` and ``n`` are stored scaled by ``exp(-m)`` (the paper's stabilized
+form, as transformers stores them), so they mean nothing without their ``m``.
+
+**The state is one packed tensor** ``[batch, mixer_heads, key_dim,
+state_columns]`` with ``state_columns = value_dim + 2``: ``[..., :value_dim]``
+is ``C``, ``[..., value_dim]`` is ``n``, ``[..., value_dim + 1]`` is ``m``
+(repeated along the key axis; a write's ``m`` is read from key row 0). One
+value, so a state read on one prompt and written on another carries all three
+consistently; `MLSTM.unpack` / `MLSTM.pack` split and join it
+(`nnterp.fast.mlstm`).
+
+Values, all tokens first (``seq`` is this call's tokens, one on a decode step):
+
+* ``attention_queries`` / ``attention_keys`` ``[batch, seq, mixer_heads,
+  key_dim]``, ``attention_values`` ``[batch, seq, mixer_heads, value_dim]``:
+  the kernel's q, k, v (q unscaled: the kernel divides it by √key_dim).
+* ``input_gates`` / ``forget_gates`` ``[batch, seq, mixer_heads]``: the gates'
+  pre-activations ĩ, f̃ (after the soft cap), as the kernel takes them.
+* ``decays`` ``[batch, seq, mixer_heads]``: log σ(f̃) ≤ 0, read-only.
+* ``state_input``: the packed state entering the call, a copy; ``None`` when
+  it is zero (a fresh prompt: transformers passes its zeroed cache, which
+  the kernel treats as no state). Assign it to continue from another.
+* ``state_output``: the packed state after the call's last token; writable.
+* ``states`` ``[batch, seq, mixer_heads, key_dim, state_columns]``,
+  ``state_after(t)``, ``set_state_after(t, value)``: computed from the call's
+  arguments (the kernel keeps only chunk boundaries); a write splits the
+  backend call at ``t``. ``state`` under ``tracer.iter`` is unavailable.
+* ``effective_attention`` ``[batch, mixer_heads, seq, seq]``: exact, given the
+  gates and each token's normalizer denominator, ``h_t = Σ_s A[t, s] v_s`` plus
+  ``state_input_readout`` ``[batch, seq, mixer_heads, value_dim]`` (the entering
+  state's part; ``None`` when it is zero); `nnterp.fast.mlstm.mlstm_attention`.
+* ``attention_output`` ``[batch, seq, hidden]``: the mixer's output.
+
+Gradients (transformers' xLSTM needs ``use_cache=False`` for any backward: it
+copies each state into its cache in place): ``.grad`` reaches the kernel's
+arguments, ``decays``, a state written with ``set_state_after``, and ``states``
+read before the kernel runs (the layer's output is then read through them).
+
+The kernel is the mixer's backend module (``self.mlstm_backend(...)``), the
+same call for a prompt and for a decode step (it picks its chunkwise,
+sequence or one-step kernel by length), so every value is served the same way
+on both. Failure mode worth knowing: its q, k, v and gates are heads first
+(``[batch, heads, seq, ...]``); every value is served tokens first and laid
+back on write, so never transpose what you read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor
+
+from ..core.calls import mediator
+from ..core.dims import BATCH, KEY_DIM, MIXER_HEADS, SEQ, STATE_COLUMNS, Gates, Values
+from ..core.errors import NnterpError, Unavailable
+from ..core.values import DerivedEProperty, Unwrap, check_expected, replace_in
+from ..fast.mlstm import MLSTM_ATTENTION, mlstm_states, pack, unpack
+from ..recurrent.arguments import SAME, Layout, kernel_waiting
+from ..recurrent.call import Call
+from ..recurrent.gradients import fill, graft, recording, tap
+from ..recurrent.kernels import needs_torch_kernels
+from ..recurrent.labels import call_label
+from ..recurrent.per_token.from_arguments import covers_the_batch
+from .recurrent import RecurrentMixer, kernel, kernel_argument
+
+Keys = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {KEY_DIM}"]
+PackedState = Float[Tensor, f"{BATCH} {MIXER_HEADS} {KEY_DIM} {STATE_COLUMNS}"]
+PackedStates = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {KEY_DIM} {STATE_COLUMNS}"]
+
+#: ``[batch, heads, seq, ...]``, heads first (the backend's q, k, v and gates); written back contiguous.
+HEADS_FIRST = Layout("[batch, heads, seq, ...]", lambda e: e.transpose(1, 2), lambda v, e: v.transpose(1, 2).contiguous())
+
+_NO_CACHE = (
+    "this call runs without a cache, so its final state carries on nowhere (the backend returns one all the same): "
+    "run it with use_cache=True (the default of a trace and of generate)"
+)
+_NO_ITERATION = (
+    "the mLSTM's prompt kernel (chunkwise, then a token loop only for the tokens past the last whole chunk) has no "
+    "location that holds the state once per token for tracer.iter; read state_after(t) or states (computed from the "
+    "kernel call's arguments) and write set_state_after(t, value)"
+)
+
+
+class _Triple(Unwrap):
+    """The backend's ``c_initial``, ``n_initial``, ``m_initial`` keywords as one packed state (``None`` when absent)."""
+
+    def get(self, value: Any) -> Any:
+        kwargs = value[1]
+        c = kwargs.get("c_initial")
+        return None if c is None else pack(c, kwargs["n_initial"], kwargs["m_initial"])
+
+    def put(self, value: Any, element: Any) -> Any:
+        args, kwargs = value
+        return args, {**kwargs, **dict(zip(("c_initial", "n_initial", "m_initial"), _triple(element, kwargs["query"].dtype)))}
+
+
+def _triple(state: torch.Tensor | None, dtype: torch.dtype) -> tuple:
+    """A packed state as the backend's ``(c_initial, n_initial, m_initial)``, in the model's dtype.
+
+    transformers keeps the state between calls in a cache of the model's dtype and the chunkwise kernel multiplies it
+    with q, k, v in theirs, so a written state is cast the same way (a no-op on a float32 model).
+    """
+    if state is None:
+        return (None, None, None)
+    return tuple(x.to(dtype) for x in unpack(state))
+
+
+class MLSTM(RecurrentMixer):
+    """An xLSTM mLSTM layer (``layer.linear_attn``): see the module docstring for its values."""
+
+    REFERENCE = "transformers.models.xlstm.modeling_xlstm.xLSTMLayer"
+    #: No module-level kernel name (nothing to route): the kernel is the backend module's call in the layer's
+    #: forward, ``BACKEND_CALL``, prompt and decode step alike.
+    CHUNK_FUNCTION = ""
+    BACKEND_CALL = "self_mlstm_backend"
+    #: Its own strategy computes the per-token states from the call's arguments, so they can be read after it ran.
+    STATES_FROM_ARGUMENTS = True
+    CONV_FUNCTIONS = ()
+    SEQ_ARGUMENT = "k"
+    #: ``self.mlstm_backend(query=, key=, value=, igate=, fgate=, c_initial=, n_initial=, m_initial=)``.
+    CHUNK_ARGUMENTS = {
+        "q": ("query", HEADS_FIRST),
+        "k": ("key", HEADS_FIRST),
+        "v": ("value", HEADS_FIRST),
+        "igate": ("igate", HEADS_FIRST),
+        "fgate": ("fgate", HEADS_FIRST),
+        "state": (_Triple(), SAME),
+    }
+    RECURRENT_ARGUMENTS = CHUNK_ARGUMENTS
+    EFFECTIVE = MLSTM_ATTENTION
+
+    #: Gradient-less values beyond the shared ones (`nnterp.components.gradient_support`).
+    GRADIENTLESS = {
+        "state_output": (
+            "the backend returns its final state beside its outputs, which do not read it (the model only copies it "
+            "into its cache), so no gradient of this call's outputs reaches it: states.grad[:, -1] is the derivative "
+            "by the state after the last token"
+        ),
+    }
+    pack = staticmethod(pack)
+    unpack = staticmethod(unpack)
+
+    @classmethod
+    def find_labels(cls, hf_mixer: type) -> dict:
+        # One call for every length: no decode kernel, no cache test, no per-token binding.
+        return {
+            "CHUNK_KERNEL": call_label(hf_mixer.forward, cls.BACKEND_CALL),
+            "RECURRENT_KERNEL": None, "CACHE_TEST": None, "STATE_OP": None, "STEP_STATE_OP": None,
+        }
+
+    def continues_cache(self, cache: Any) -> bool:
+        return False  # the backend call is the same on a decode step
+
+    def dims(self) -> dict[str, int]:
+        config = self._module.config
+        heads = config.num_heads
+        value_dim = self._module.v_dim // heads
+        return {"mixer_heads": heads, "key_dim": self._module.qk_dim // heads, "value_dim": value_dim, "state_columns": value_dim + 2}
+
+    def _prompt_state_shape(self, call: Call) -> tuple:
+        k, v = self._serve("k", call), self._serve("v", call)
+        return (k.shape[0], k.shape[2], k.shape[3], v.shape[3] + 2)
+
+    # -- the kernel's arguments --------------------------------------------------------
+
+    attention_queries = kernel_argument("q", "the kernel's queries q (unscaled), [batch, seq, mixer_heads, key_dim]", Keys)
+    attention_keys = kernel_argument("k", "the kernel's keys k, [batch, seq, mixer_heads, key_dim]", Keys)
+    attention_values = kernel_argument("v", "the kernel's values v, [batch, seq, mixer_heads, value_dim]", Values)
+    input_gates = kernel_argument("igate", "the input gate's pre-activation ĩ (exponential gate exp(ĩ)), [batch, seq, mixer_heads]", Gates)
+    forget_gates = kernel_argument("fgate", "the forget gate's pre-activation f̃ (gate sigmoid(f̃)), [batch, seq, mixer_heads]", Gates)
+
+    def _decays(self) -> torch.Tensor:
+        forget = self._serve("fgate")
+        decays = F.logsigmoid(forget.float())
+        if recording(decays) and kernel_waiting(self):
+            # Under autograd the kernel's forget gates are read through the served log decays (logit(exp(d)) = f̃),
+            # with their own values, so decays.grad is the loss's derivative by them.
+            self._assign_argument("fgate", graft(decays, decays - torch.log(-torch.expm1(decays)), forget))
+        return decays
+
+    decays = DerivedEProperty(
+        _decays,
+        description="the log forget gate log sigmoid(f̃) <= 0, [batch, seq, mixer_heads], float32 (write forget_gates)",
+        unavailable=needs_torch_kernels,
+        annotation=Gates,
+    )
+
+    # -- the state entering and leaving the call, packed -----------------------------------
+
+    def _read_state_input(self) -> torch.Tensor | None:
+        state = self._serve("state")  # a new tensor: the cache's buffers are overwritten after the call
+        return None if state is None or not bool(state.any()) else state
+
+    def _write_state_input(self, value: Any) -> None:
+        call = self._record()
+        call.check_not_started("a write to `linear_attn.state_input`")
+        check_expected("`linear_attn.state_input`", value, *call.expected)
+        self._assign_argument("state", value)
+
+    def _cached(self, what: str) -> None:
+        """Raise unless the call runs with a cache: only then does its final state carry on (as on every mixer)."""
+        if self._split(what).strategy["initial"] is None:  # xLSTM passes no state exactly when it has no cache
+            raise Unavailable(f"linear_attn.{what}", _NO_CACHE)
+
+    def _read_output_state(self) -> torch.Tensor:
+        self._cached("state_output")
+        return pack(*self._record().op.output[1])
+
+    def _write_output_state(self, value: Any) -> None:
+        self._cached("state_output")
+        call = self._record()
+        output = call.op.output
+        check_expected("`linear_attn.state_output`", value, *call.expected)
+        call.op.output = replace_in(output, 1, unpack(value))
+
+    state_input = DerivedEProperty(
+        _read_state_input,
+        assign=_write_state_input,
+        key=kernel("inputs"),
+        description="the packed state (C, n, m) entering this call, [batch, mixer_heads, key_dim, value_dim + 2], a copy "
+        "(None when zero: a fresh prompt); assign it to continue from another",
+        unavailable=needs_torch_kernels,
+        annotation=PackedState,
+        none_on_fresh_prompt=True,
+    )
+    state_output = DerivedEProperty(
+        _read_output_state,
+        assign=_write_output_state,
+        key=kernel("output"),
+        description="the packed state (C, n, m) after this call's last token, [batch, mixer_heads, key_dim, value_dim + 2]",
+        unavailable=needs_torch_kernels,
+        annotation=PackedState,
+    )
+
+    # -- the state after every token, from the call's arguments ---------------------------
+
+    def _split(self, what: str) -> Call:
+        """This call's record, with the state it starts from (once per call)."""
+        mediator(f"`linear_attn.{what}`")
+        call = self._record()
+        if "initial" not in call.strategy:
+            call.strategy.update(initial=self._serve("state"), served=False, read={})
+        return call
+
+    def _segments(self, call: Call, stop: int | None = None) -> list:
+        """``(lo, hi, initial)`` runs of the call up to ``stop``, split after every write."""
+        stop = call.seq if stop is None else stop
+        runs, lo, initial = [], 0, call.strategy["initial"]
+        for t in sorted(call.writes):
+            if t >= stop:
+                break
+            runs.append((lo, t + 1, initial))
+            lo, initial = t + 1, call.writes[t]
+        if lo < stop:
+            runs.append((lo, stop, initial))
+        return runs
+
+    def _computed(self, lo: int, hi: int, initial: torch.Tensor | None) -> torch.Tensor:
+        """The packed states after tokens ``[lo, hi)`` from ``initial``, ``[batch, hi - lo, ...]``."""
+        k, v, i, f = (self._serve(name)[:, lo:hi] for name in ("k", "v", "igate", "fgate"))
+        return mlstm_states(k, k, v, i, f, initial)
+
+    def _states(self) -> torch.Tensor:
+        call = self._split("states")
+        if not call.writes and recording(self._serve("k")) and kernel_waiting(self):
+            return self._tapped_states(call)
+        out = torch.cat([self._computed(lo, hi, initial) for lo, hi, initial in self._segments(call)], dim=1)
+        for t, value in call.writes.items():
+            out[:, t] = value
+        call.states_read = True
+        call.advance(call.seq - 1, "states")
+        return out
+
+    def _tapped_states(self, call: Call) -> torch.Tensor:
+        """Under autograd: the states as a leaf the layer's output is read through, so ``states.grad`` is the loss's.
+
+        The outputs are recomputed from the states plus a zero `tap` (the
+        recurrence above), and the kernel's own output is replaced by them
+        grafted onto its values (`graft`: the same numbers bit for bit), so
+        the gradient reaches the tap at every token, through the later tokens
+        too, and the kernel's arguments through the recurrence.
+        """
+        q, k, v, i, f = (self._serve(name) for name in ("q", "k", "v", "igate", "fgate"))
+        collect = tap((k.shape[0], call.seq, *call.expected[0][1:]), k.float())
+        states, h = mlstm_states(q, k, v, i, f, call.strategy["initial"], tap=collect, eps=self._module.config.eps)
+        output = call.op.output  # the kernel has run: its output is what the layer reads on
+        mine = h.transpose(1, 2)
+        call.op.output = replace_in(output, 0, graft(mine, mine, output[0]))
+        call.states_read = True
+        call.advance(call.seq - 1, "states")
+        return fill(collect, states.detach())
+
+    states = DerivedEProperty(
+        _states,
+        description="the packed state (C, n, m) after every token of this call, [batch, seq, mixer_heads, key_dim, "
+        "value_dim + 2], computed from the kernel call's arguments",
+        unavailable=needs_torch_kernels,
+        annotation=PackedStates,
+    )
+    state = DerivedEProperty(
+        lambda envoy: None,
+        description="the state after a token under tracer.iter: unavailable on the mLSTM (use state_after(t))",
+        unavailable=lambda envoy: _NO_ITERATION,
+        annotation=PackedState,
+    )
+
+    def state_after(self, t: int) -> torch.Tensor:
+        """The packed state after token ``t`` of this call (negative ``t`` counts from the end), from its arguments."""
+        what = f"state_after({t})"
+        call = self._split(what)
+        position = call.position(t, what)
+        if position in call.writes:
+            return call.writes[position]
+        lo, hi, initial = self._segments(call, position + 1)[-1]
+        value = self._computed(lo, hi, initial)[:, -1]
+        call.advance(position, what)
+        call.strategy["read"][position] = value
+        return value
+
+    def states_of(self, positions: Any) -> torch.Tensor:
+        """The packed states after tokens ``positions`` only, ``[batch, len(positions), ...]``: ``states[:, positions]``.
+
+        Computed from the call's arguments up to the last selected token, once.
+        Order and gradients as `state_after` (a new tensor: read ``states.grad``).
+        """
+        what = "states_of(positions)"
+        call = self._split(what)
+        chosen = call.positions(positions, what)
+        if not chosen:
+            shape = call.expected[0]
+            return torch.empty((shape[0], 0, *shape[1:]), device=call.expected[2])
+        last = max(chosen)
+        pieces = [self._computed(lo, hi, initial) for lo, hi, initial in self._segments(call, last + 1)]
+        states = torch.cat(pieces, dim=1)
+        for t, value in call.writes.items():
+            if t <= last:
+                states[:, t] = value
+        call.advance(last, what)
+        return states[:, chosen]
+
+    def set_state_after(self, t: int, value: torch.Tensor) -> None:
+        """Continue the tokens after ``t`` from the packed state ``value``; token ``t``'s own output is unchanged.
+
+        The backend call is split at ``t``: it runs on tokens ``[0, t]`` and on
+        the rest from ``value``, and the call returns both outputs and the
+        second's final state (``value`` itself when ``t`` is the last token),
+        as a cache holding ``value`` continued by the rest would. Writes come
+        before the kernel runs, positions in increasing order, after reads of
+        earlier positions and before `states`.
+        """
+        what = f"set_state_after({t}, value)"
+        call = self._split(what)
+        position = call.position(t, what)
+        check_expected(what, value, *call.expected)
+        if not call.strategy["served"]:
+            call.check_not_started(what, "this call's kernel had already started (state_output, attention_output or a later value was read first)")
+        call.check_write(position, what)
+        read = call.strategy["read"].get(position)
+        if read is not None and position not in call.writes and not recording(value) and torch.equal(value, read):
+            return  # the call already continues from this very state (a target under autograd is still read, for .grad)
+        call.writes[position] = value
+        result = self._split_result(call)
+        if not call.strategy["served"] and covers_the_batch():
+            call.op.skip(result)
+        else:
+            # Another invoke shares this backend call: let it run, and replace this invoke's rows of its return.
+            if not call.strategy["served"]:
+                call.op.output
+            call.op.output = result
+        call.strategy["served"] = True
+        call.advance(position, what)
+
+    def _split_result(self, call: Call) -> tuple:
+        pieces = [self._run_backend(call, lo, hi, initial) for lo, hi, initial in self._segments(call)]
+        final = pieces[-1][1]
+        if call.seq - 1 in call.writes:
+            final = unpack(call.writes[call.seq - 1])
+        return torch.cat([h for h, _ in pieces], dim=2), final
+
+    def _run_backend(self, call: Call, lo: int, hi: int, initial: torch.Tensor | None) -> tuple:
+        """The backend module's own forward on tokens ``[lo, hi)`` of the call, from ``initial``: ``(h, (C, n, m))``."""
+        backend = self._module.mlstm_backend
+        if "inference" not in backend.config.mode:
+            raise NnterpError(
+                f"set_state_after splits the backend call, which config.mode={backend.config.mode!r} runs through the "
+                "chunkwise kernel alone (whole chunks only, no final state); use mode='inference' (the default)"
+            )
+        kwargs = dict(call.kwargs)
+        for name in ("query", "key", "value", "igate", "fgate"):
+            kwargs[name] = kwargs[name][:, :, lo:hi].contiguous()
+        kwargs.update(zip(("c_initial", "n_initial", "m_initial"), _triple(initial, kwargs["query"].dtype)))
+        # The class's forward, not the module's __call__: the model is mid-run, hooked by nnsight.
+        return type(backend).forward(backend, *call.args, **kwargs)

@@ -1,0 +1,172 @@
+"""The mLSTM's state (Beck et al., 2024, arXiv:2405.04517) packed into one tensor, and its recurrence from a kernel call's arguments.
+
+The mLSTM carries three tensors per head, stored as transformers' kernels
+store them, scaled by ``exp(-m)`` so that exponential input gates never
+overflow: the matrix memory ``C`` ``[key_dim, value_dim]`` (key first, as a
+DeltaNet's state), the normalizer ``n`` ``[key_dim]`` and the stabilizer ``m``
+(one number). nnterp serves the three as ONE tensor ``[..., key_dim,
+value_dim + 2]``: ``[..., :value_dim]`` is ``C``, ``[..., value_dim]`` is
+``n`` and ``[..., value_dim + 1]`` is ``m`` repeated along the key axis. A
+single value keeps the three consistent: ``C`` and ``n`` mean nothing without
+the ``m`` they are scaled by, so a patch from another prompt must carry all
+three, and does. `unpack` reads ``m`` off key row 0.
+
+Per token, from the gate pre-activations ``ĩ`` (input) and ``f̃`` (forget)::
+
+    m_t = max(logsigmoid(f̃_t) + m_{t-1}, ĩ_t)
+    C_t = exp(logsigmoid(f̃_t) + m_{t-1} - m_t) C_{t-1} + exp(ĩ_t - m_t) k_t v_tᵀ
+    n_t = (the same gates) n_{t-1} + exp(ĩ_t - m_t) k_t
+
+Pure torch: this file knows nothing of nnsight or of the components.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .effective import EffectiveSpec, Selection, indices
+
+
+def pack(c: torch.Tensor, n: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """``(C [..., k, v], n [..., k], m [..., 1])`` -> one float32 tensor ``[..., k, v + 2]`` (a new tensor)."""
+    c = c.float()
+    return torch.cat([c, n.float()[..., None], m.float()[..., None, :].expand(*c.shape[:-1], 1)], dim=-1)
+
+
+def unpack(state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One packed state ``[..., k, v + 2]`` -> ``(C [..., k, v], n [..., k], m [..., 1])``, float32, contiguous."""
+    return (
+        state[..., :-2].contiguous(),
+        state[..., -2].contiguous(),
+        state[..., 0, -1:].contiguous(),
+    )
+
+
+def mlstm_states(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    igate: torch.Tensor,
+    fgate: torch.Tensor,
+    initial: torch.Tensor | None = None,
+    tap: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The packed state after every token, ``[batch, seq, heads, key_dim, value_dim + 2]``, float32.
+
+    Args are tokens first, as nnterp serves them: ``q``/``k`` ``[batch, seq,
+    heads, key_dim]``, ``v`` ``[batch, seq, heads, value_dim]``, ``igate``/
+    ``fgate`` ``[batch, seq, heads]`` (pre-activations); ``initial`` a packed
+    state or ``None`` (zeros). The update is transformers' one-step kernel's,
+    in float32; ``q`` is not needed for the state.
+
+    With ``tap`` (a zero tensor of the states' shape that requires grad), it is
+    added to each token's state after its own readout, before the next token reads it, and the
+    outputs ``h`` ``[batch, seq, heads, value_dim]`` are computed from the
+    tapped states and returned too, ``(states, h)``: ``tap.grad`` at ``t`` is
+    then a loss on ``h``'s derivative by the state after ``t`` (``m``'s in key
+    row 0 of its column).
+    """
+    batch, seq, heads, key_dim = k.shape
+    value_dim = v.shape[-1]
+    if initial is None:
+        c = k.new_zeros((batch, heads, key_dim, value_dim), dtype=torch.float32)
+        n = k.new_zeros((batch, heads, key_dim), dtype=torch.float32)
+        m = k.new_zeros((batch, heads, 1), dtype=torch.float32)
+    else:
+        c, n, m = unpack(initial.float())
+    k32, v32 = k.float(), v.float()
+    log_f = F.logsigmoid(fgate.float())
+    i = igate.float()
+    out, hs = [], []
+    for t in range(seq):
+        m_new = torch.maximum(log_f[:, t, :, None] + m, i[:, t, :, None])
+        f_act = torch.exp(log_f[:, t, :, None] + m - m_new)
+        i_act = torch.exp(i[:, t, :, None] - m_new)
+        c = f_act[..., None] * c + i_act[..., None] * (k32[:, t, :, :, None] @ v32[:, t, :, None, :])
+        n = f_act * n + i_act * k32[:, t]
+        m = m_new
+        if tap is not None:
+            qs = q[:, t].float() * key_dim**-0.5
+            numerator = (qs[:, :, None, :] @ c).squeeze(2)
+            denominator = torch.maximum((qs * n).sum(-1, keepdim=True).abs(), torch.exp(-m)) + eps
+            hs.append(numerator / denominator)
+            # An exact zero, after token t's own readout (as set_state_after writes): the tokens after t read the
+            # state through it, so the gradient by the state after t collects here.
+            dc, dn, dm = unpack(tap[:, t])
+            c, n, m = c + dc, n + dn, m + dm
+        out.append(pack(c, n, m))
+    states = torch.stack(out, dim=1)
+    return (states, torch.stack(hs, dim=1)) if tap is not None else states
+
+
+def mlstm_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    igate: torch.Tensor,
+    fgate: torch.Tensor,
+    initial: torch.Tensor | None = None,
+    positions: Selection = None,
+    heads: Selection = None,
+    coefficients: bool = True,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The mLSTM's exact effective attention: ``h_t = Σ_s A[t, s] v_s + readout_t``.
+
+    Unrolled, the stabilizer is the largest exponent of any term,
+    ``m_t = max(F_t + m_0, max_{s≤t} F_t - F_s + ĩ_s)`` with ``F`` the cumulated
+    log forget gate, and ``C_t`` / ``n_t`` are sums of ``exp(F_t - F_s + ĩ_s - m_t)
+    k_s v_sᵀ`` / ``k_s`` plus the entering state's ``exp(F_t + m_0 - m_t) C_0``.
+    So with ``W[t, s] = (q̂_t·k_s) exp(F_t - F_s + ĩ_s - m_t)`` (every exponent
+    ≤ 0) and the denominator ``d_t = max(|Σ_s W[t, s] + r_t q̂_t·n_0|,
+    exp(-m_t)) + eps``, ``A[t, s] = W[t, s] / d_t`` and ``readout_t = r_t
+    C_0ᵀ q̂_t / d_t`` (``r_t = exp(F_t + m_0 - m_t)``): given the gates and the
+    denominators, ``h`` is linear in the values. The cumulated gates are summed in
+    float64 (a difference of two long prefix sums), the rest in float32.
+
+    Args are tokens first: ``q``, ``k`` ``[batch, seq, heads, key_dim]``,
+    ``igate`` / ``fgate`` ``[batch, seq, heads]``, ``initial`` a packed state (a
+    zero one counts as none). Returns ``(A [batch, heads, positions, seq] or
+    None, readout [batch, positions, heads, value_dim] or None)``.
+    """
+    n_heads, key_dim = k.shape[2], k.shape[3]
+    chosen = indices(heads, n_heads, "heads").to(k.device)
+    rows = indices(positions, k.shape[1], "positions").to(k.device)
+    q = q.float().index_select(2, chosen).index_select(1, rows) * key_dim**-0.5
+    k = k.float().index_select(2, chosen)
+    gate_in = igate.double().index_select(2, chosen).transpose(1, 2)  # [b, h, seq]
+    total = F.logsigmoid(fgate.double()).index_select(2, chosen).transpose(1, 2).cumsum(-1)  # F, [b, h, seq]
+    if initial is not None and not bool(initial.any()):
+        initial = None
+    c0 = n0 = None
+    m0 = total.new_zeros(total.shape[:2])
+    if initial is not None:
+        c0, n0, m_in = unpack(initial.float().index_select(1, chosen))
+        m0 = m_in[..., 0].double()
+    at = total.index_select(2, rows)  # F_t, [b, h, rows]
+    exponent = at[..., None] - total[:, :, None, :] + gate_in[:, :, None, :]  # [b, h, rows, seq]
+    later = rows[:, None] < torch.arange(k.shape[1], device=k.device)[None, :]
+    exponent = exponent.masked_fill(later, float("-inf"))
+    entering = at + m0[..., None]
+    m = torch.maximum(exponent.amax(-1), entering)  # [b, h, rows]
+    scores = torch.einsum("bthd,bshd->bhts", q, k)
+    weights = scores * torch.exp(exponent - m[..., None]).float()
+    carried = torch.exp(entering - m).float()  # r_t
+    qn = weights.sum(-1)
+    if n0 is not None:
+        qn = qn + carried * torch.einsum("bthd,bhd->bht", q, n0)
+    denominator = torch.maximum(qn.abs(), torch.exp(-m).float()) + eps
+    readout = None
+    if c0 is not None:
+        readout = (carried / denominator)[..., None] * torch.einsum("bthd,bhdv->bhtv", q, c0)
+        readout = readout.transpose(1, 2)
+    return (weights / denominator[..., None] if coefficients else None), readout
+
+
+def _attention(a: dict, positions: Selection, heads: Selection, coefficients: bool) -> tuple:
+    return mlstm_attention(a["q"], a["k"], a["igate"], a["fgate"], a.get("state"), positions, heads, coefficients)
+
+
+#: The mLSTM backend's call (xLSTM), by `nnterp.components.mlstm.MLSTM`'s signature table's names.
+MLSTM_ATTENTION = EffectiveSpec("mLSTM", _attention, "heads")
