@@ -1,0 +1,416 @@
+"""LightningAttention: MiniMax's lightning attention (MiniMax-01, arXiv:2501.08313; Qin et al., arXiv:2401.04658).
+
+Mental model: linear attention with a fixed decay per head. Per head ``h``, a
+state matrix ``S`` of ``[key_dim, value_dim]`` (``key_dim == value_dim ==
+head_dim`` here) is multiplied by ``exp(-λ_h)`` every token and adds the
+token's ``kᵀv``; the output reads it with the query:
+
+    q, k, v = silu(qkv_proj(x)) split per head
+    S_t = exp(-λ_h) S_{t-1} + k_tᵀ v_t       (λ_h: HF's ``slope_rate``, fixed per head and layer)
+    o_t = q_t S_t
+    out = out_proj(sigmoid(output_gate(x)) * norm(o))
+
+transformers computes it in the mixer's own forward, with no kernel function:
+a prompt runs a loop over blocks of ``config.block_size`` tokens (the state
+exists only at block ends), a call that continues a cache (a decode step)
+loops over its tokens. So this component does not subclass `RecurrentMixer`
+(whose values are a kernel call's arguments): it reads the forward's own
+operations (found in the installed release's source by name, as
+`nnterp.recurrent.labels` does), and serves the state after every token the
+``FromArguments`` way, computed from the call's own ``q``, ``k``, ``v`` and
+decay by `nnterp.fast.lightning` with the same operations as the decode
+branch.
+
+Values, in the order the forward makes them (``seq`` is this call's tokens):
+
+* ``attention_queries`` / ``attention_keys`` ``[batch, seq, key_heads,
+  key_dim]``, ``attention_values`` ``[batch, seq, mixer_heads, value_dim]``:
+  q, k, v after the silu (and the padding mask); a write replaces them before
+  the forward uses them (``key_heads == mixer_heads``).
+* ``decays`` ``[batch, seq, mixer_heads]``: the log decay ``g = -λ_h`` of every
+  token (the same for every token and row); a write makes the call's output
+  and final state the recurrence's with the written decays, computed here
+  from the call's q, k, v (the forward's own loop runs with its buffers, and
+  its result is replaced).
+* ``state_input`` ``[batch, mixer_heads, key_dim, value_dim]``: the state
+  entering the call (the cache's, ``None`` on a fresh prompt), a copy; a write
+  replaces what the forward reads from the cache (on a prompt with a cache the
+  forward then takes its token loop, which continues from it).
+* ``states`` ``[batch, seq, mixer_heads, key_dim, value_dim]``, ``state_after(t)``,
+  ``set_state_after(t, value)``: computed from the call's q, k, v, decays and
+  entering state. A write replaces the outputs of the tokens after ``t`` by the
+  recurrence continued from ``value`` (token ``t``'s own output is left as the
+  forward computed it) and makes ``value``'s continuation the call's final
+  state (written into the forward's own final-state tensor, which the cache holds).
+* ``effective_attention`` ``[batch, mixer_heads, seq, seq]`` and
+  ``state_input_readout`` ``[batch, seq, mixer_heads, value_dim]``: ``o_t =
+  Σ_s A[t, s] v_s + readout_t`` exactly, before the norm and the gate.
+* ``state_output``: the state after the call's last token (the forward's
+  return, which the cache holds); a write replaces both.
+* ``attention_output`` ``[batch, seq, hidden]``: the mixer's output.
+
+``state`` (under ``tracer.iter``), ``betas`` and the convolution windows are
+`Unavailable`, each with its reason. A state is in the model's dtype, as
+transformers keeps it (float32 on a float32 model).
+
+Failure mode worth knowing: a worker reads in the order the model runs. The
+call's q, k, v are read where the forward splits them, so a write to them,
+to ``decays``, ``state_input`` or ``set_state_after`` comes before
+``state_output`` / ``attention_output`` of the same call; ``OrderError`` says
+which read came first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from nnsight.intervention.interleaver import Mediator
+from nnsight.intervention.source import decorator_chain
+
+from ..core.calls import mediator, per_call, pinned
+from ..core.dims import ConvState, Gates, Hidden, Queries, State, States, Values
+from ..core.errors import NnterpError, OrderError, PositionError, Unavailable, WrongType
+from ..core.standard import Standard
+from ..core.values import DerivedEProperty, check_expected, module_output
+from ..fast.lightning import lightning_attention, lightning_scan
+from ..recurrent.call import order_hint
+from ..recurrent.kernels import signature_binding
+from ..recurrent.labels import bindings, call_label, missing
+from .effective_attention import EffectiveAttention
+
+NO_ITERATION = (
+    "lightning attention's prompt computes its state once per block of config.block_size tokens (no location "
+    "binds it once per token for tracer.iter): read states / state_after(t) and write set_state_after(t, value), "
+    "computed from the call's q, k, v and decay; on a decode step, state_output is the state after its token"
+)
+NO_BETA = "lightning attention has no write strength β: each token adds k_tᵀ v_t to the state unscaled"
+NO_CONV = "lightning attention has no short convolution, so no convolution window"
+_NO_CACHE = "this call runs without a cache, so the forward reads no entering state: run it with use_cache=True"
+
+
+def _labels(hf_mixer: type) -> dict:
+    """The forward's operations this component reads, found in the installed release's source."""
+    forward = decorator_chain(hf_mixer.forward)[0]
+    loops = bindings(forward, "attn_weights_inter", in_loop=True)
+    if len(loops) < 2:
+        raise NnterpError(missing("the state's bindings in the block loop and in the token loop", forward))
+    return {
+        "split": call_label(forward, "torch_split"),
+        "get": call_label(forward, "cache_get_linear_cache"),
+        "cat": call_label(forward, "torch_cat"),
+        "block_state": loops[0],
+        "token_state": loops[-1],
+    }
+
+
+_FOUND: dict[type, dict] = {}
+
+
+class _Run:
+    """What a worker knows of one call of the mixer: its inputs, q, k, v, decays, entering state and writes."""
+
+    def __init__(self) -> None:
+        self.writes: dict[int, torch.Tensor] = {}
+        self.decays_written = False
+        self.original: torch.Tensor | None = None  # the forward's own attention output, [batch, heads, seq, dim]
+        self.final: torch.Tensor | None = None  # the forward's own final-state tensor (what the cache holds)
+        self.states_read = False
+        self.furthest = -1
+
+
+class LightningAttention(Standard):
+    """A lightning attention block (``layer.linear_attn``): see the module docstring for its values."""
+
+    KIND = "linear_attn"
+
+    def labels(self) -> dict:
+        """This release's labels in the wrapped HF mixer's forward (found once per class)."""
+        hf = type(self._module)
+        if hf not in _FOUND:
+            _FOUND[hf] = _labels(hf)
+        return _FOUND[hf]
+
+    def _op(self, name: str) -> Any:
+        return getattr(self.source, self.labels()[name])
+
+    def _at(self, name: str) -> str:
+        return f"{self._op(name).path}.output"
+
+    def dims(self) -> dict[str, int]:
+        module = self._module
+        heads, dim = module.num_attention_heads, module.head_dim
+        return {"key_heads": heads, "mixer_heads": heads, "key_dim": dim, "value_dim": dim}
+
+    # -- one record per call -------------------------------------------------------
+
+    def _run(self) -> _Run:
+        """This call's record: read once, at the mixer's input and where the forward splits q, k, v."""
+
+        def make() -> _Run:
+            self.source  # instrument the forward before it runs
+            args, kwargs = self.inputs
+            bound = signature_binding(type(self._module).forward, self._module, args, kwargs)
+            med = mediator()
+            run = _Run()
+            run.first = {name: med.occurrence(self._at(name)) for name in ("split", "get", "cat", "block_state", "token_state")}
+            run.first["output"] = med.occurrence(f"{self.path}.output")
+            run.cache = bound.get("cache")
+            run.seq = bound["hidden_states"].shape[1]
+            entering = run.cache.get_linear_cache(self._module.layer_idx) if run.cache is not None else None
+            run.continues = entering is not None
+            run.initial = entering.clone() if entering is not None else None
+            with pinned(run.first["split"]):
+                run.q, run.k, run.v = self._op("split").output
+            slope = self._module.slope_rate.reshape(1, 1, -1).to(run.q.dtype)
+            run.g = (-slope).expand(run.q.shape[0], run.seq, -1)
+            return run
+
+        return per_call(self, "lightning", make)
+
+    def _passed(self, run: _Run, name: str, occurrence: int) -> bool:
+        return mediator().occurrence(self._at(name)) > occurrence
+
+    def _before(self, run: _Run, name: str, what: str, passed: str) -> None:
+        """Raise `OrderError` unless the forward has not passed operation ``name`` of this call yet."""
+        if self._passed(run, name, run.first[name]):
+            raise OrderError(order_hint(what, passed))
+
+    # -- q, k, v and the decays ------------------------------------------------------
+
+    def _qkv(self, index: int) -> torch.Tensor:
+        return (self._run().q, self._run().k, self._run().v)[index]
+
+    def _write_qkv(self, index: int, value: Any) -> None:
+        run = self._run()
+        name = ("attention_queries", "attention_keys", "attention_values")[index]
+        what = f"`linear_attn.{name}`"
+        current = (run.q, run.k, run.v)
+        check_expected(what, value, tuple(current[index].shape), current[index].dtype, current[index].device)
+        self._before(run, "split", f"a write to {what}", "the forward had used q, k and v")
+        written = tuple(value if i == index else x for i, x in enumerate(current))
+        run.q, run.k, run.v = written
+        with pinned(run.first["split"]):
+            Mediator.swap(self._at("split"), written)
+
+    def _write_decays(self, value: Any) -> None:
+        run = self._run()
+        check_expected("`linear_attn.decays`", value, tuple(run.g.shape), run.g.dtype, run.g.device)
+        if torch.equal(value, run.g):
+            return  # the forward's own decays: its own loop already computes the call with them
+        run.g = value
+        run.decays_written = True
+        self._rewrite(run, "a write to `linear_attn.decays`")
+
+    # -- the state entering and leaving the call ------------------------------------
+
+    def _state_shape(self, run: _Run) -> tuple:
+        dims = self.dims()
+        return (run.q.shape[0], dims["mixer_heads"], dims["key_dim"], dims["value_dim"])
+
+    def _state_input(self) -> torch.Tensor | None:
+        run = self._run()
+        return run.initial.clone() if run.initial is not None else None
+
+    def _write_state_input(self, value: Any) -> None:
+        run = self._run()
+        what = "`linear_attn.state_input`"
+        check_expected(what, value, self._state_shape(run), run.q.dtype, run.q.device)
+        if run.cache is None:
+            raise Unavailable("linear_attn.state_input", _NO_CACHE)
+        self._before(run, "get", f"a write to {what}", "the forward had read the cache")
+        if run.writes or run.decays_written:
+            raise OrderError(order_hint(f"a write to {what}", "a write inside the call"))
+        with pinned(run.first["get"]):
+            self._op("get").output
+        with pinned(run.first["get"]):
+            Mediator.swap(self._at("get"), value)
+        run.initial, run.continues = value, True
+
+    def _state_output(self) -> torch.Tensor:
+        return self._output()[1]
+
+    def _output(self) -> tuple:
+        with pinned(self._run().first["output"]):
+            return Mediator.value(f"{self.path}.output")
+
+    def _write_state_output(self, value: Any) -> None:
+        run = self._run()
+        what = "`linear_attn.state_output`"
+        output = self._output()
+        check_expected(what, value, tuple(output[1].shape), output[1].dtype, output[1].device)
+        if run.cache is not None:
+            # The forward has stored its final state in the cache: the next call reads this one.
+            run.cache.set_linear_cache(self._module.layer_idx, value)
+        with pinned(run.first["output"]):
+            Mediator.swap(f"{self.path}.output", (output[0], value, *output[2:]))
+
+    # -- the state after every token, from the call's q, k, v and decays -----------------
+
+    def _segments(self, run: _Run, stop: int | None = None) -> list:
+        """``(lo, hi, initial)`` runs of the call up to ``stop``, split after every write."""
+        stop = run.seq if stop is None else stop
+        runs, lo, initial = [], 0, run.initial
+        for t in sorted(run.writes):
+            if t >= stop:
+                break
+            runs.append((lo, t + 1, initial))
+            lo, initial = t + 1, run.writes[t]
+        if lo < stop:
+            runs.append((lo, stop, initial))
+        return runs
+
+    def _scan(self, run: _Run, lo: int, hi: int, initial: Any, keep: bool = False) -> tuple:
+        return lightning_scan(run.q[:, lo:hi], run.k[:, lo:hi], run.v[:, lo:hi], run.g[:, lo:hi], initial, keep)
+
+    def _position(self, run: _Run, t: Any, what: str) -> int:
+        if not isinstance(t, int) or isinstance(t, bool):
+            raise WrongType(f"{what} takes a token position (an int), got {type(t).__name__}")
+        position = t + run.seq if t < 0 else t
+        if not 0 <= position < run.seq:
+            raise PositionError(f"{what}: position {t} is outside this call's {run.seq} tokens (0..{run.seq - 1})")
+        return position
+
+    def _states(self) -> torch.Tensor:
+        run = self._run()
+        pieces = [self._scan(run, lo, hi, initial, keep=True)[2] for lo, hi, initial in self._segments(run)]
+        out = torch.cat(pieces, dim=1)
+        for t, value in run.writes.items():
+            out[:, t] = value
+        run.states_read = True
+        run.furthest = run.seq - 1
+        return out
+
+    def state_after(self, t: int) -> torch.Tensor:
+        """The state after token ``t`` of this call (negative ``t`` counts from the end), from its q, k, v and decays."""
+        mediator("`linear_attn.state_after`")
+        run = self._run()
+        position = self._position(run, t, f"state_after({t})")
+        if position in run.writes:
+            return run.writes[position]
+        lo, hi, initial = self._segments(run, position + 1)[-1]
+        run.furthest = max(run.furthest, position)
+        return self._scan(run, lo, hi, initial)[1]
+
+    def set_state_after(self, t: int, value: torch.Tensor) -> None:
+        """Assign the state after token ``t``: the tokens after it continue from ``value``.
+
+        Token ``t``'s own output stays as the forward computed it; the outputs
+        of the tokens after it, and the call's final state (the cache's), are
+        the recurrence continued from ``value``, as when a cache holding the
+        prefix's state is replaced and the rest is fed one token at a time.
+        Writes in increasing positions, before ``state_output`` and
+        ``attention_output`` of the call; ``states`` only before them.
+        """
+        what = f"set_state_after({t}, value)"
+        mediator(f"`linear_attn.{what}`")
+        run = self._run()
+        position = self._position(run, t, what)
+        check_expected(what, value, self._state_shape(run), run.q.dtype, run.q.device)
+        if run.states_read:
+            raise OrderError(order_hint(what, "states"))
+        if run.furthest > position:
+            raise OrderError(order_hint(what, f"a read of token {run.furthest}"))
+        if run.writes and max(run.writes) >= position:
+            raise OrderError(order_hint(what, f"set_state_after({max(run.writes)}, value)"))
+        run.writes[position] = value
+        self._rewrite(run, what)
+
+    def _rewrite(self, run: _Run, what: str) -> None:
+        """Replace the call's attention output and final state by the recurrence with this call's writes."""
+        loop = "token_state" if run.continues else "block_state"
+        steps = run.seq if run.continues else -(-run.seq // self._module.block_size)
+        last = run.first[loop] + steps - 1
+        if run.final is None:
+            if self._passed(run, loop, last):
+                raise OrderError(order_hint(what, "the forward had computed the call's final state"))
+            with pinned(last):
+                run.final = getattr(self.source, self.labels()[loop]).output
+        self._before(run, "cat", what, "the forward had concatenated the call's outputs")
+        with pinned(run.first["cat"]):
+            current = self._op("cat").output
+        if run.original is None:
+            run.original = current
+        if run.decays_written:
+            pieces = [self._scan(run, lo, hi, initial) for lo, hi, initial in self._segments(run)]
+            outputs, final = torch.cat([p[0] for p in pieces], dim=1).transpose(1, 2), pieces[-1][1]
+            keep = 0
+        else:
+            keep = min(run.writes) + 1
+            pieces = [self._scan(run, lo, hi, initial) for lo, hi, initial in self._segments(run) if lo >= keep]
+            tail = [p[0] for p in pieces]
+            outputs = torch.cat([run.original[:, :, :keep], *[x.transpose(1, 2) for x in tail]], dim=2)
+            final = pieces[-1][1] if pieces else run.writes[run.seq - 1]
+        if run.seq - 1 in run.writes:
+            final = run.writes[run.seq - 1]
+        with pinned(run.first["cat"]):
+            Mediator.swap(self._at("cat"), outputs.to(current.dtype))
+        # The forward hands this tensor to the cache and returns it after the loop: write into it.
+        run.final.copy_(final)
+
+    # -- effective attention -------------------------------------------------------
+
+    def _effective(self) -> tuple:
+        run = self._run()
+        if run.writes:
+            raise NnterpError("`linear_attn.effective_attention` is the call's own: read it before set_state_after")
+        return lightning_attention(run.q, run.k, run.g, run.initial)
+
+    # -- values ----------------------------------------------------------------------
+
+    attention_queries = DerivedEProperty(
+        lambda envoy: envoy._qkv(0), assign=lambda envoy, value: envoy._write_qkv(0, value),
+        description="the queries q after the silu, [batch, seq, key_heads, key_dim]", annotation=Queries,
+    )
+    attention_keys = DerivedEProperty(
+        lambda envoy: envoy._qkv(1), assign=lambda envoy, value: envoy._write_qkv(1, value),
+        description="the keys k after the silu, [batch, seq, key_heads, key_dim]", annotation=Queries,
+    )
+    attention_values = DerivedEProperty(
+        lambda envoy: envoy._qkv(2), assign=lambda envoy, value: envoy._write_qkv(2, value),
+        description="the values v after the silu, [batch, seq, mixer_heads, value_dim]", annotation=Values,
+    )
+    betas = DerivedEProperty(
+        lambda envoy: None, description="a write strength β (none here)", unavailable=lambda envoy: NO_BETA, annotation=Gates,
+    )
+    decays = DerivedEProperty(
+        lambda envoy: envoy._run().g, assign=_write_decays,
+        description="the log decay g = -λ_h of every token (the state is multiplied by exp(g)), [batch, seq, mixer_heads]",
+        annotation=Gates,
+    )
+    state_input = DerivedEProperty(
+        _state_input, assign=_write_state_input,
+        description="the state entering this call (None on a fresh prompt), a copy; assign to continue from another",
+        annotation=State, none_on_fresh_prompt=True,
+    )
+    state = DerivedEProperty(
+        lambda envoy: None, description="the state after a token under tracer.iter",
+        unavailable=lambda envoy: NO_ITERATION, annotation=State,
+    )
+    states = DerivedEProperty(
+        _states, description="the state after every token of this call, from its q, k, v and decays", annotation=States,
+    )
+    effective_attention = DerivedEProperty(
+        lambda envoy: envoy._effective()[0],
+        description=(
+            "the exact effective attention A[t, s] = (q_t . k_s) exp(g (t - s)): the output at t before the norm is "
+            "sum_s A[t, s] * attention_values[s] (+ state_input_readout), [batch, mixer_heads, seq, seq], float32"
+        ),
+        annotation=EffectiveAttention,
+    )
+    state_input_readout = DerivedEProperty(
+        lambda envoy: envoy._effective()[1],
+        description="the part of the output before the norm read from the entering state, [batch, seq, mixer_heads, value_dim]",
+        annotation=Values, none_on_fresh_prompt=True,
+    )
+    state_output = DerivedEProperty(
+        _state_output, assign=_write_state_output,
+        description="the state after this call's last token, [batch, mixer_heads, key_dim, value_dim]", annotation=State,
+    )
+    conv_state_input = DerivedEProperty(
+        lambda envoy: None, description="a convolution window (none here)", unavailable=lambda envoy: NO_CONV, annotation=ConvState,
+    )
+    conv_state_output = DerivedEProperty(
+        lambda envoy: None, description="a convolution window (none here)", unavailable=lambda envoy: NO_CONV, annotation=ConvState,
+    )
+    attention_output = module_output("the mixer's output, [batch, seq, hidden]", Hidden)
