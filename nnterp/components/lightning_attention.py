@@ -71,6 +71,7 @@ from nnsight.intervention.source import decorator_chain
 from ..core.calls import mediator, per_call, pinned
 from ..core.dims import ConvState, Gates, Hidden, Queries, State, States, Values
 from ..core.errors import NnterpError, OrderError, PositionError, Unavailable, WrongType
+from ..core.local import LocalDict
 from ..core.standard import Standard
 from ..core.values import DerivedEProperty, check_expected, module_output
 from ..fast.lightning import lightning_attention, lightning_scan
@@ -104,7 +105,18 @@ def _labels(hf_mixer: type) -> dict:
     }
 
 
-_FOUND: dict[type, dict] = {}
+_FOUND: dict[type, dict] = LocalDict()  # pickled empty: a server reads its own release
+
+
+def _index(selection: Any, size: int) -> Any:
+    """``selection`` as an index keeping its axis: all, a slice, or a list of (non-negative) indices."""
+    if selection is None:
+        return slice(None)
+    if isinstance(selection, slice):
+        return selection
+    if isinstance(selection, int):
+        selection = [selection]
+    return torch.as_tensor(list(selection) if isinstance(selection, range) else selection, dtype=torch.long) % size
 
 
 class _Run:
@@ -277,6 +289,11 @@ class LightningAttention(Standard):
         out = torch.cat(pieces, dim=1)
         for t, value in run.writes.items():
             out[:, t] = value
+        if not run.writes and not run.decays_written:
+            # The last one is the forward's own (blockwise, so equal to float rounding): state_output bit for bit.
+            final = self._forward_final(run)
+            if final is not None:
+                out[:, -1] = final
         run.states_read = True
         run.furthest = run.seq - 1
         return out
@@ -316,16 +333,22 @@ class LightningAttention(Standard):
         run.writes[position] = value
         self._rewrite(run, what)
 
-    def _rewrite(self, run: _Run, what: str) -> None:
-        """Replace the call's attention output and final state by the recurrence with this call's writes."""
-        loop = "token_state" if run.continues else "block_state"
-        steps = run.seq if run.continues else -(-run.seq // self._module.block_size)
-        last = run.first[loop] + steps - 1
+    def _forward_final(self, run: _Run) -> torch.Tensor | None:
+        """The forward's own final-state tensor (its loop's last binding of the state), or ``None`` once passed."""
         if run.final is None:
+            loop = "token_state" if run.continues else "block_state"
+            steps = run.seq if run.continues else -(-run.seq // self._module.block_size)
+            last = run.first[loop] + steps - 1
             if self._passed(run, loop, last):
-                raise OrderError(order_hint(what, "the forward had computed the call's final state"))
+                return None
             with pinned(last):
                 run.final = getattr(self.source, self.labels()[loop]).output
+        return run.final
+
+    def _rewrite(self, run: _Run, what: str) -> None:
+        """Replace the call's attention output and final state by the recurrence with this call's writes."""
+        if run.final is None and self._forward_final(run) is None:
+            raise OrderError(order_hint(what, "the forward had computed the call's final state"))
         self._before(run, "cat", what, "the forward had concatenated the call's outputs")
         with pinned(run.first["cat"]):
             current = self._op("cat").output
@@ -355,6 +378,19 @@ class LightningAttention(Standard):
         if run.writes:
             raise NnterpError("`linear_attn.effective_attention` is the call's own: read it before set_state_after")
         return lightning_attention(run.q, run.k, run.g, run.initial)
+
+    def effective_attention_of(self, positions: Any = None, heads: Any = None, channels: Any = None) -> torch.Tensor:
+        """Rows ``positions`` of `effective_attention`, for some ``heads`` only: ``[batch, len(heads), len(positions), seq]``.
+
+        ``positions``, ``heads``: ``None`` (all), an int, a slice, a range, a
+        list or a tensor of indices (negative ones count from the end).
+        Computed whole, then selected (``4 · batch · heads · seq²`` bytes).
+        """
+        mediator("`linear_attn.effective_attention_of`")
+        if channels is not None:
+            raise NnterpError("`linear_attn.effective_attention_of`: lightning attention has one pattern per head: pass heads=, not channels=")
+        A = self._effective()[0]
+        return A[:, _index(heads, A.shape[1])][:, :, _index(positions, A.shape[2])]
 
     # -- values ----------------------------------------------------------------------
 

@@ -252,3 +252,21 @@ class LightningSuite(CheckpointFixtures):
             assert torch.equal(b, buffers[name]), name
         for name, p in model._module.named_parameters():
             assert torch.equal(p, params[name]), name
+
+    def test_state_input_written_on_a_prompt_equals_a_forward_over_a_cache_holding_it(self, model, plain, ids):
+        layer = lightning_layers(model)[0]
+        mix, donor = model.layers[layer].linear_attn, donor_state(model, layer)
+        with torch.no_grad(), model.trace(ids):
+            mix.state_input = donor  # the forward then takes its token loop from donor
+            states = mix.states.save()
+            logits = model.logits[:, -1].save()
+        cache = type(hf.output_cache(forward(plain, ids[:, :1])))()
+        cache.set_linear_cache(layer, donor.clone())
+        with torch.no_grad():
+            expected = forward(plain, ids, cache).logits[:, -1]
+        torch.testing.assert_close(logits, expected, atol=ATOL, rtol=1e-4)
+        torch.testing.assert_close(states[:, -1], cache.linear_cache[layer], atol=ATOL, rtol=1e-4)
+        with torch.no_grad(), model.trace(ids):
+            A = mix.effective_attention_of(positions=[-1, 2], heads=1).save()
+            full = mix.effective_attention.save()
+        assert torch.equal(A, full[:, [1]][:, :, [ids.shape[1] - 1, 2]])
