@@ -38,7 +38,8 @@ Values, in the order the forward makes them (``seq`` is this call's tokens):
   forward then takes its token loop, which continues from it).
 * ``states`` ``[batch, seq, mixer_heads, key_dim, value_dim]``, ``state_after(t)``,
   ``set_state_after(t, value)``: computed from the call's q, k, v, decays and
-  entering state. A write replaces the outputs of the tokens after ``t`` by the
+  entering state (the last one is the forward's own final state, so
+  ``states[:, -1]`` is ``state_output`` bit for bit). A write replaces the outputs of the tokens after ``t`` by the
   recurrence continued from ``value`` (token ``t``'s own output is left as the
   forward computed it) and makes ``value``'s continuation the call's final
   state (written into the forward's own final-state tensor, which the cache holds).
