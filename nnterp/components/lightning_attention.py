@@ -75,8 +75,9 @@ from ..core.errors import NnterpError, OrderError, PositionError, Unavailable, W
 from ..core.local import LocalDict
 from ..core.standard import Standard
 from ..core.values import DerivedEProperty, check_expected, module_output
-from ..fast.lightning import lightning_attention, lightning_scan
+from ..fast.lightning import lightning_attention, lightning_scan, lightning_tap_readout
 from ..recurrent.call import order_hint
+from ..recurrent.gradients import fill, recording, tap
 from ..recurrent.kernels import signature_binding
 from ..recurrent.labels import bindings, call_label, missing
 from .effective_attention import EffectiveAttention
@@ -130,12 +131,20 @@ class _Run:
         self.final: torch.Tensor | None = None  # the forward's own final-state tensor (what the cache holds)
         self.states_read = False
         self.furthest = -1
+        self.g_leaf: torch.Tensor | None = None  # the decays served under autograd, grafted into the output
 
 
 class LightningAttention(Standard):
     """A lightning attention block (``layer.linear_attn``): see the module docstring for its values."""
 
     KIND = "linear_attn"
+    #: What `RecurrentMixer` declares, for code that asks any mixer: no kernel function to route, no fast
+    #: path setting (the states are computed from the call's arguments already), no chunked scan.
+    CHUNK_FUNCTION = ""
+    RECURRENT_FUNCTION = ""
+    FAST = None
+    CHUNKED_SCAN = False
+    ONE_STEP_DECODE = False
 
     def labels(self) -> dict:
         """This release's labels in the wrapped HF mixer's forward (found once per class)."""
@@ -205,6 +214,35 @@ class LightningAttention(Standard):
         run.q, run.k, run.v = written
         with pinned(run.first["split"]):
             Mediator.swap(self._at("split"), written)
+
+    def _read_decays(self) -> torch.Tensor:
+        run = self._run()
+        if run.g_leaf is not None:
+            return run.g_leaf
+        if not recording(run.q) or run.writes or run.decays_written or self._passed(run, "cat", run.first["cat"]):
+            return run.g
+        # Under autograd the forward never reads the decays (it reads its buffers): the call's output before the
+        # norm gets an exact zero that depends on them (the recurrence with them, minus itself detached).
+        leaf = run.g.detach().clone().requires_grad_(True)
+        rebuilt = self._scan_with(run, leaf)
+        self._graft(run, rebuilt - rebuilt.detach())
+        run.g_leaf = leaf
+        return leaf
+
+    def _scan_with(self, run: _Run, g: torch.Tensor) -> torch.Tensor:
+        """The call's outputs before the norm with decays ``g`` (q, k, v detached), ``[batch, heads, seq, dim]``."""
+        q, k, v = (x.detach() for x in (run.q, run.k, run.v))
+        initial = run.initial.detach() if run.initial is not None else None
+        return lightning_scan(q, k, v, g, initial)[0].transpose(1, 2)
+
+    def _graft(self, run: _Run, zero: torch.Tensor) -> None:
+        """Add ``zero`` (exact zeros that carry a gradient) to the forward's concatenated output, ``[batch, heads, seq, dim]``."""
+        with pinned(run.first["cat"]):
+            current = self._op("cat").output
+        if run.original is None:
+            run.original = current
+        with pinned(run.first["cat"]):
+            Mediator.swap(self._at("cat"), current + zero.to(current.dtype))
 
     def _write_decays(self, value: Any) -> None:
         run = self._run()
@@ -297,6 +335,14 @@ class LightningAttention(Standard):
                 out[:, -1] = final
         run.states_read = True
         run.furthest = run.seq - 1
+        if recording(run.q) and not run.writes and not run.decays_written and not self._passed(run, "cat", run.first["cat"]):
+            # A tap: a leaf holding the states, read by the later tokens' outputs through an exact zero, so its
+            # gradient at t is the loss's derivative by the state after t as the tokens after t read it.
+            leaf = fill(tap(tuple(out.shape), out), out.detach())
+            g = run.g_leaf.detach() if run.g_leaf is not None else run.g.detach()
+            read = lightning_tap_readout(run.q.detach(), g, leaf)
+            self._graft(run, (read - lightning_tap_readout(run.q.detach(), g, leaf.detach())).transpose(1, 2))
+            return leaf
         return out
 
     def state_after(self, t: int) -> torch.Tensor:
@@ -411,7 +457,7 @@ class LightningAttention(Standard):
         lambda envoy: None, description="a write strength β (none here)", unavailable=lambda envoy: NO_BETA, annotation=Gates,
     )
     decays = DerivedEProperty(
-        lambda envoy: envoy._run().g, assign=_write_decays,
+        _read_decays, assign=_write_decays,
         description="the log decay g = -λ_h of every token (the state is multiplied by exp(g)), [batch, seq, mixer_heads]",
         annotation=Gates,
     )

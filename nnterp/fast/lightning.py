@@ -61,3 +61,16 @@ def lightning_attention(
     if initial is not None:
         readout = torch.einsum("bthd,bhde->bthe", q32, initial.float()) * total.exp().transpose(1, 2)[..., None]
     return scores * decay, readout
+
+
+def lightning_tap_readout(q: torch.Tensor, g: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+    """``o_u = q_u Σ_{t<u} exp(Σ_{t<r≤u} g_r) taps_t``, ``[batch, seq, heads, value_dim]``: how the tokens after ``t`` read
+    an addition ``taps_t`` ``[batch, seq, heads, key_dim, value_dim]`` to the state after token ``t``."""
+    batch, seq, heads, key_dim = q.shape
+    carried = taps.new_zeros(batch, heads, key_dim, taps.shape[-1])
+    outputs = []
+    for u in range(seq):
+        if u:
+            carried = g[:, u, :, None, None].exp() * (carried + taps[:, u - 1])
+        outputs.append(torch.einsum("bhd,bhde->bhe", q[:, u], carried))
+    return torch.stack(outputs, dim=1)
