@@ -467,7 +467,7 @@ class LightningAttention(Standard):
         annotation=State, none_on_fresh_prompt=True,
     )
     state = DerivedEProperty(
-        lambda envoy: None, description="the state after a token under tracer.iter",
+        lambda envoy: None, assign=lambda envoy, value: None, description="the state after a token under tracer.iter",
         unavailable=lambda envoy: NO_ITERATION, annotation=State,
     )
     states = DerivedEProperty(

@@ -22,8 +22,14 @@ OTHER = "My favourite food is pizza with"
 RECURRENT = [family for family in families() if family.MIXER is not None]
 #: One family per recurrent component (the first registered), the kinds' representatives.
 KINDS = sorted({family.MIXER: family.NAME for family in reversed(RECURRENT)}.values())
-#: The DeltaNet and Mamba-1 representatives, whose `state` write used to be the raw binding.
-TOKEN_LOOP_KINDS = [t for t in KINDS if not REGISTRY[t].MIXER.CHUNKED_SCAN and REGISTRY[t].MIXER.__name__ != "KimiDeltaAttention"]
+#: The DeltaNet and Mamba-1 representatives, whose `state` write used to be the raw binding (not lightning
+#: attention: no kernel function, and `state` under tracer.iter is unavailable there).
+TOKEN_LOOP_KINDS = [
+    t for t in KINDS
+    if not REGISTRY[t].MIXER.CHUNKED_SCAN and REGISTRY[t].MIXER.__name__ != "KimiDeltaAttention" and REGISTRY[t].MIXER.CHUNK_FUNCTION
+]
+#: The families whose kernel returns no final state without a cache (lightning attention's forward always does).
+KERNEL_CALLS = [family.NAME for family in RECURRENT if family.MIXER.CHUNK_FUNCTION]
 
 
 def per_token(model):
@@ -45,6 +51,8 @@ def test_assigning_state_under_tracer_iter_is_set_state_after(load, model_type):
     model = load(model_type)
     mix = _mixer(model)
     with per_token(model):
+        if mix.support()["state"] is not None:  # lightning attention: no per-token location for tracer.iter
+            pytest.skip(mix.support()["state"])
         with torch.no_grad(), model.trace(PROMPT):
             donor = (mix.state_after(2) * 3 + 1).save()
         with torch.no_grad(), model.trace(PROMPT):
@@ -83,7 +91,7 @@ def test_assigning_state_under_tracer_iter_is_validated(load, model_type, bad, m
                 mix.state = bad(state)
 
 
-@pytest.mark.parametrize("model_type", [family.NAME for family in RECURRENT])
+@pytest.mark.parametrize("model_type", KERNEL_CALLS)
 def test_without_a_cache_state_output_is_unavailable_naming_use_cache(load, model_type):
     model = load(model_type)
     mix = _mixer(model)

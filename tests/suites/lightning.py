@@ -270,3 +270,29 @@ class LightningSuite(CheckpointFixtures):
             A = mix.effective_attention_of(positions=[-1, 2], heads=1).save()
             full = mix.effective_attention.save()
         assert torch.equal(A, full[:, [1]][:, :, [ids.shape[1] - 1, 2]])
+
+    def test_without_a_cache_the_forward_still_returns_its_final_state(self, model, ids):
+        mix = model.layers[lightning_layers(model)[0]].linear_attn
+        with torch.no_grad(), model.trace(ids, use_cache=False):
+            uncached = mix.state_output.save()
+        with torch.no_grad(), model.trace(ids):
+            cached = mix.state_output.save()
+        assert torch.equal(uncached, cached)
+        with pytest.raises(Unavailable, match="use_cache=True"), torch.no_grad(), model.trace(ids, use_cache=False):
+            mix.state_input = cached
+
+    def test_a_write_in_one_invoke_of_two_leaves_the_other(self, model, ids):
+        layer = lightning_layers(model)[1]
+        mix, donor = model.layers[layer].linear_attn, donor_state(model, layer)
+        with torch.no_grad(), model.trace() as tracer:
+            with tracer.invoke(ids):
+                mix.set_state_after(3, donor)
+                patched = model.logits.save()
+            with tracer.invoke(ids):
+                untouched = model.logits.save()
+        with torch.no_grad(), model.trace(ids):
+            mix.set_state_after(3, donor)
+            alone = model.logits.save()
+        torch.testing.assert_close(patched, alone, atol=ATOL, rtol=1e-4)
+        with torch.no_grad():
+            torch.testing.assert_close(untouched, model._module(ids).logits, atol=ATOL, rtol=1e-4)
