@@ -426,6 +426,14 @@ class LightningAttention(Standard):
             raise NnterpError("`linear_attn.effective_attention` is the call's own: read it before set_state_after")
         return lightning_attention(run.q, run.k, run.g, run.initial)
 
+    def kernel_output(self) -> torch.Tensor:
+        """The call's output before the norm and the gate, ``[batch, seq, mixer_heads, value_dim]``, read where the
+        forward concatenates it: what ``Σ_s effective_attention[t, s] attention_values[s]`` (+ the readout) reproduces."""
+        mediator("`linear_attn.kernel_output`")
+        run = self._run()
+        with pinned(run.first["cat"]):
+            return self._op("cat").output.transpose(1, 2)
+
     def effective_attention_of(self, positions: Any = None, heads: Any = None, channels: Any = None) -> torch.Tensor:
         """Rows ``positions`` of `effective_attention`, for some ``heads`` only: ``[batch, len(heads), len(positions), seq]``.
 
