@@ -131,6 +131,7 @@ class _Run:
         self.final: torch.Tensor | None = None  # the forward's own final-state tensor (what the cache holds)
         self.states_read = False
         self.furthest = -1
+        self.read: dict[int, torch.Tensor] = {}  # the states state_after served, by position
         self.g_leaf: torch.Tensor | None = None  # the decays served under autograd, grafted into the output
 
 
@@ -142,6 +143,7 @@ class LightningAttention(Standard):
     #: path setting (the states are computed from the call's arguments already), no chunked scan.
     CHUNK_FUNCTION = ""
     RECURRENT_FUNCTION = ""
+    CONV_FUNCTIONS: tuple = ()
     FAST = None
     CHUNKED_SCAN = False
     ONE_STEP_DECODE = False
@@ -171,9 +173,12 @@ class LightningAttention(Standard):
 
         def make() -> _Run:
             self.source  # instrument the forward before it runs
+            med = mediator()
+            entry = f"{self.path}.input"
+            if med.occurrence(entry) > med.wanted(entry):
+                raise OrderError(order_hint("a value of this call of `linear_attn`", "the mixer had run (its output was read first)"))
             args, kwargs = self.inputs
             bound = signature_binding(type(self._module).forward, self._module, args, kwargs)
-            med = mediator()
             run = _Run()
             run.first = {name: med.occurrence(self._at(name)) for name in ("split", "get", "cat", "block_state", "token_state")}
             run.first["output"] = med.occurrence(f"{self.path}.output")
@@ -354,7 +359,9 @@ class LightningAttention(Standard):
             return run.writes[position]
         lo, hi, initial = self._segments(run, position + 1)[-1]
         run.furthest = max(run.furthest, position)
-        return self._scan(run, lo, hi, initial)[1]
+        state = self._scan(run, lo, hi, initial)[1]
+        run.read[position] = state
+        return state
 
     def set_state_after(self, t: int, value: torch.Tensor) -> None:
         """Assign the state after token ``t``: the tokens after it continue from ``value``.
@@ -377,6 +384,9 @@ class LightningAttention(Standard):
             raise OrderError(order_hint(what, f"a read of token {run.furthest}"))
         if run.writes and max(run.writes) >= position:
             raise OrderError(order_hint(what, f"set_state_after({max(run.writes)}, value)"))
+        read = run.read.get(position)
+        if read is not None and not run.writes and not run.decays_written and torch.equal(value, read):
+            return  # writing back the state this call computes: the call already continues from it, bit for bit
         run.writes[position] = value
         self._rewrite(run, what)
 
