@@ -67,20 +67,18 @@ from typing import Any
 
 import torch
 from nnsight.intervention.interleaver import Mediator
-from nnsight.intervention.source import decorator_chain
 
-from ..core.calls import mediator, per_call, pinned
+from ..core.calls import mediator, pinned
 from ..core.dims import ConvState, Gates, Hidden, Queries, State, States, Values
-from ..core.errors import NnterpError, OrderError, PositionError, Unavailable, WrongType
-from ..core.local import LocalDict
+from ..core.errors import NnterpError, OrderError, Unavailable
 from ..core.standard import Standard
 from ..core.values import DerivedEProperty, check_expected, module_output
-from ..fast.lightning import lightning_attention, lightning_scan, lightning_tap_readout
+from ..fast.lightning import lightning_attention, lightning_tap_readout
 from ..recurrent.call import order_hint
 from ..recurrent.gradients import fill, recording, tap
-from ..recurrent.kernels import signature_binding
-from ..recurrent.labels import bindings, call_label, missing
+from . import lightning_run as calls
 from .effective_attention import EffectiveAttention
+from .lightning_run import Run
 
 NO_ITERATION = (
     "lightning attention's prompt computes its state once per block of config.block_size tokens (no location "
@@ -92,22 +90,6 @@ NO_CONV = "lightning attention has no short convolution, so no convolution windo
 _NO_CACHE = "this call runs without a cache, so the forward reads no entering state: run it with use_cache=True"
 
 
-def _labels(hf_mixer: type) -> dict:
-    """The forward's operations this component reads, found in the installed release's source."""
-    forward = decorator_chain(hf_mixer.forward)[0]
-    loops = bindings(forward, "attn_weights_inter", in_loop=True)
-    if len(loops) < 2:
-        raise NnterpError(missing("the state's bindings in the block loop and in the token loop", forward))
-    return {
-        "split": call_label(forward, "torch_split"),
-        "get": call_label(forward, "cache_get_linear_cache"),
-        "cat": call_label(forward, "torch_cat"),
-        "block_state": loops[0],
-        "token_state": loops[-1],
-    }
-
-
-_FOUND: dict[type, dict] = LocalDict()  # pickled empty: a server reads its own release
 
 
 def _index(selection: Any, size: int) -> Any:
@@ -120,19 +102,6 @@ def _index(selection: Any, size: int) -> Any:
         selection = [selection]
     return torch.as_tensor(list(selection) if isinstance(selection, range) else selection, dtype=torch.long) % size
 
-
-class _Run:
-    """What a worker knows of one call of the mixer: its inputs, q, k, v, decays, entering state and writes."""
-
-    def __init__(self) -> None:
-        self.writes: dict[int, torch.Tensor] = {}
-        self.decays_written = False
-        self.original: torch.Tensor | None = None  # the forward's own attention output, [batch, heads, seq, dim]
-        self.final: torch.Tensor | None = None  # the forward's own final-state tensor (what the cache holds)
-        self.states_read = False
-        self.furthest = -1
-        self.read: dict[int, torch.Tensor] = {}  # the states state_after served, by position
-        self.g_leaf: torch.Tensor | None = None  # the decays served under autograd, grafted into the output
 
 
 class LightningAttention(Standard):
@@ -150,10 +119,7 @@ class LightningAttention(Standard):
 
     def labels(self) -> dict:
         """This release's labels in the wrapped HF mixer's forward (found once per class)."""
-        hf = type(self._module)
-        if hf not in _FOUND:
-            _FOUND[hf] = _labels(hf)
-        return _FOUND[hf]
+        return calls.labels_of(type(self._module))
 
     def _op(self, name: str) -> Any:
         return getattr(self.source, self.labels()[name])
@@ -166,42 +132,18 @@ class LightningAttention(Standard):
         heads, dim = module.num_attention_heads, module.head_dim
         return {"key_heads": heads, "mixer_heads": heads, "key_dim": dim, "value_dim": dim}
 
-    # -- one record per call -------------------------------------------------------
+    # -- the call's record and the writes that recompute it (lightning_run.py) ----------
 
-    def _run(self) -> _Run:
-        """This call's record: read once, at the mixer's input and where the forward splits q, k, v."""
-
-        def make() -> _Run:
-            self.source  # instrument the forward before it runs
-            med = mediator()
-            entry = f"{self.path}.input"
-            if med.occurrence(entry) > med.wanted(entry):
-                raise OrderError(order_hint("a value of this call of `linear_attn`", "the mixer had run (its output was read first)"))
-            args, kwargs = self.inputs
-            bound = signature_binding(type(self._module).forward, self._module, args, kwargs)
-            run = _Run()
-            run.first = {name: med.occurrence(self._at(name)) for name in ("split", "get", "cat", "block_state", "token_state")}
-            run.first["output"] = med.occurrence(f"{self.path}.output")
-            run.cache = bound.get("cache")
-            run.seq = bound["hidden_states"].shape[1]
-            entering = run.cache.get_linear_cache(self._module.layer_idx) if run.cache is not None else None
-            run.continues = entering is not None
-            run.initial = entering.clone() if entering is not None else None
-            with pinned(run.first["split"]):
-                run.q, run.k, run.v = self._op("split").output
-            slope = self._module.slope_rate.reshape(1, 1, -1).to(run.q.dtype)
-            run.g = (-slope).expand(run.q.shape[0], run.seq, -1)
-            return run
-
-        return per_call(self, "lightning", make)
-
-    def _passed(self, run: _Run, name: str, occurrence: int) -> bool:
-        return mediator().occurrence(self._at(name)) > occurrence
-
-    def _before(self, run: _Run, name: str, what: str, passed: str) -> None:
-        """Raise `OrderError` unless the forward has not passed operation ``name`` of this call yet."""
-        if self._passed(run, name, run.first[name]):
-            raise OrderError(order_hint(what, passed))
+    _run = calls.record
+    _passed = calls.passed
+    _before = calls.before
+    _position = calls.position
+    _segments = calls.segments
+    _scan = calls.scan
+    _scan_with = calls.scan_with
+    _forward_final = calls.forward_final
+    _graft = calls.graft
+    _rewrite = calls.rewrite
 
     # -- q, k, v and the decays ------------------------------------------------------
 
@@ -234,21 +176,6 @@ class LightningAttention(Standard):
         run.g_leaf = leaf
         return leaf
 
-    def _scan_with(self, run: _Run, g: torch.Tensor) -> torch.Tensor:
-        """The call's outputs before the norm with decays ``g`` (q, k, v detached), ``[batch, heads, seq, dim]``."""
-        q, k, v = (x.detach() for x in (run.q, run.k, run.v))
-        initial = run.initial.detach() if run.initial is not None else None
-        return lightning_scan(q, k, v, g, initial)[0].transpose(1, 2)
-
-    def _graft(self, run: _Run, zero: torch.Tensor) -> None:
-        """Add ``zero`` (exact zeros that carry a gradient) to the forward's concatenated output, ``[batch, heads, seq, dim]``."""
-        with pinned(run.first["cat"]):
-            current = self._op("cat").output
-        if run.original is None:
-            run.original = current
-        with pinned(run.first["cat"]):
-            Mediator.swap(self._at("cat"), current + zero.to(current.dtype))
-
     def _write_decays(self, value: Any) -> None:
         run = self._run()
         check_expected("`linear_attn.decays`", value, tuple(run.g.shape), run.g.dtype, run.g.device)
@@ -260,7 +187,7 @@ class LightningAttention(Standard):
 
     # -- the state entering and leaving the call ------------------------------------
 
-    def _state_shape(self, run: _Run) -> tuple:
+    def _state_shape(self, run: Run) -> tuple:
         dims = self.dims()
         return (run.q.shape[0], dims["mixer_heads"], dims["key_dim"], dims["value_dim"])
 
@@ -302,30 +229,6 @@ class LightningAttention(Standard):
             Mediator.swap(f"{self.path}.output", (output[0], value, *output[2:]))
 
     # -- the state after every token, from the call's q, k, v and decays -----------------
-
-    def _segments(self, run: _Run, stop: int | None = None) -> list:
-        """``(lo, hi, initial)`` runs of the call up to ``stop``, split after every write."""
-        stop = run.seq if stop is None else stop
-        runs, lo, initial = [], 0, run.initial
-        for t in sorted(run.writes):
-            if t >= stop:
-                break
-            runs.append((lo, t + 1, initial))
-            lo, initial = t + 1, run.writes[t]
-        if lo < stop:
-            runs.append((lo, stop, initial))
-        return runs
-
-    def _scan(self, run: _Run, lo: int, hi: int, initial: Any, keep: bool = False) -> tuple:
-        return lightning_scan(run.q[:, lo:hi], run.k[:, lo:hi], run.v[:, lo:hi], run.g[:, lo:hi], initial, keep)
-
-    def _position(self, run: _Run, t: Any, what: str) -> int:
-        if not isinstance(t, int) or isinstance(t, bool):
-            raise WrongType(f"{what} takes a token position (an int), got {type(t).__name__}")
-        position = t + run.seq if t < 0 else t
-        if not 0 <= position < run.seq:
-            raise PositionError(f"{what}: position {t} is outside this call's {run.seq} tokens (0..{run.seq - 1})")
-        return position
 
     def _states(self) -> torch.Tensor:
         run = self._run()
@@ -389,44 +292,6 @@ class LightningAttention(Standard):
             return  # writing back the state this call computes: the call already continues from it, bit for bit
         run.writes[position] = value
         self._rewrite(run, what)
-
-    def _forward_final(self, run: _Run) -> torch.Tensor | None:
-        """The forward's own final-state tensor (its loop's last binding of the state), or ``None`` once passed."""
-        if run.final is None:
-            loop = "token_state" if run.continues else "block_state"
-            steps = run.seq if run.continues else -(-run.seq // self._module.block_size)
-            last = run.first[loop] + steps - 1
-            if self._passed(run, loop, last):
-                return None
-            with pinned(last):
-                run.final = getattr(self.source, self.labels()[loop]).output
-        return run.final
-
-    def _rewrite(self, run: _Run, what: str) -> None:
-        """Replace the call's attention output and final state by the recurrence with this call's writes."""
-        if run.final is None and self._forward_final(run) is None:
-            raise OrderError(order_hint(what, "the forward had computed the call's final state"))
-        self._before(run, "cat", what, "the forward had concatenated the call's outputs")
-        with pinned(run.first["cat"]):
-            current = self._op("cat").output
-        if run.original is None:
-            run.original = current
-        if run.decays_written:
-            pieces = [self._scan(run, lo, hi, initial) for lo, hi, initial in self._segments(run)]
-            outputs, final = torch.cat([p[0] for p in pieces], dim=1).transpose(1, 2), pieces[-1][1]
-            keep = 0
-        else:
-            keep = min(run.writes) + 1
-            pieces = [self._scan(run, lo, hi, initial) for lo, hi, initial in self._segments(run) if lo >= keep]
-            tail = [p[0] for p in pieces]
-            outputs = torch.cat([run.original[:, :, :keep], *[x.transpose(1, 2) for x in tail]], dim=2)
-            final = pieces[-1][1] if pieces else run.writes[run.seq - 1]
-        if run.seq - 1 in run.writes:
-            final = run.writes[run.seq - 1]
-        with pinned(run.first["cat"]):
-            Mediator.swap(self._at("cat"), outputs.to(current.dtype))
-        # The forward hands this tensor to the cache and returns it after the loop: write into it.
-        run.final.copy_(final)
 
     # -- effective attention -------------------------------------------------------
 
