@@ -48,7 +48,18 @@ Values, in the order the forward makes them (``seq`` is this call's tokens):
   Σ_s A[t, s] v_s + readout_t`` exactly, before the norm and the gate.
 * ``state_output``: the state after the call's last token (the forward's
   return, which the cache holds); a write replaces both.
-* ``attention_output`` ``[batch, seq, hidden]``: the mixer's output.
+* ``attention_output`` ``[batch, seq, hidden]``: the mixer's output;
+  ``kernel_output()`` ``[batch, seq, mixer_heads, value_dim]``, its output
+  before the norm and the gate (where the forward concatenates it).
+
+Under autograd (a trace outside ``torch.no_grad()``), ``states`` is a tap and
+``decays`` a graft, as on the other mixers (`nnterp.recurrent.gradients`): an
+exact zero that depends on them is added to the output before the norm, so
+``states.grad[:, t]`` is the loss's derivative by the state after ``t`` as the
+tokens after ``t`` read it, and ``decays.grad`` the derivative by the decays;
+q, k, v are the forward's own tensors. Values and logits are unchanged bit for
+bit. Reading ``states`` or ``decays`` then moves the worker to that point of the
+forward, so writes to the call come before them.
 
 ``state`` (under ``tracer.iter``), ``betas`` and the convolution windows are
 `Unavailable`, each with its reason. A state is in the model's dtype, as

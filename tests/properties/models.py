@@ -191,7 +191,8 @@ def weights_hash(model) -> str:
 
 def kernel_names(family) -> tuple[str, ...]:
     mixer = family.MIXER
-    return (mixer.CHUNK_FUNCTION, mixer.RECURRENT_FUNCTION, *mixer.CONV_FUNCTIONS)
+    # Lightning attention names none: it computes in its own forward.
+    return tuple(name for name in (mixer.CHUNK_FUNCTION, mixer.RECURRENT_FUNCTION, *mixer.CONV_FUNCTIONS) if name)
 
 
 def bindings(family) -> dict:
