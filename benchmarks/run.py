@@ -137,18 +137,20 @@ def _measure(args: argparse.Namespace, argv: list | None) -> dict:
 
 
 SOAK = re.compile(r"<!-- soak:.*?<!-- /soak -->\n?", flags=re.S)
+GPU = re.compile(r"<!-- gpu:.*?<!-- /gpu -->\n?", flags=re.S)
 
 
 def write(out: str, text: str) -> None:
-    """Write the page, keeping the sections `import_time.py` and `soak.py` put there (neither is rerun here)."""
+    """Write the page, keeping the sections `import_time.py`, `soak.py` and `gpu.py` put there (none is rerun here)."""
     from .import_time import section, with_section
 
     path = Path(out)
     old = path.read_text() if path.exists() else ""
     text = with_section(text, section(old) if old else None)
-    soak = SOAK.search(old)
-    if soak is not None and not SOAK.search(text):
-        text = text.rstrip("\n") + "\n\n" + soak.group(0)
+    for kept in (SOAK, GPU):
+        found = kept.search(old)
+        if found is not None and not kept.search(text):
+            text = text.rstrip("\n") + "\n\n" + found.group(0)
     path.write_text(text)
 
 

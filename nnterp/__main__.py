@@ -244,10 +244,13 @@ def _plots(model: Any, out: Path, recurrent: list, states: list, tokens: list, e
     name = plot.token_label(model.tokenizer.convert_ids_to_tokens(target))
     # A state is one matrix per head, or on Mamba-1 one vector per inner channel.
     unit = "head" if "mixer_heads" in model.layers[recurrent[0]].linear_attn.dims() else "channel"
+    last = states[0][:, -1]
+    if last.ndim == 2:  # one number per channel (the RG-LRU's state): its norm is its absolute value
+        last = last[..., None]
     figures = {
         "state_norms.png": plot.state_norms(dict(zip(recurrent, states)), tokens),
         "head_norms.png": plot.head_norms(
-            states[0][:, -1], unit=unit, title=f"State norm per {unit}, layer {recurrent[0]}, after {plot.token_label(tokens[-1])!r}"
+            last, unit=unit, title=f"State norm per {unit}, layer {recurrent[0]}, after {plot.token_label(tokens[-1])!r}"
         ),
         "patch_effect.png": plot.patch_effect(
             effects, label=f"Δ p({name!r})", title=f"One layer's state replaced\nafter {plot.token_label(tokens[T])!r} (token {T})"

@@ -24,6 +24,10 @@ size and even in sign. Confirm the cells it ranks first with
 The states after every token need the token-by-token kernel (or, on
 Mamba-2, a chunk per token): the clean and corrupt runs are made inside
 `nnterp.sweep.per_token_states`, which routes the family for their duration.
+Where a layer's states carry no gradient even then (``support()``'s
+``linear_attn.states.grad`` row gives the reason: ``fast_states(model)``
+computes them beside the kernel), `state_attribution` raises `Unavailable`
+with that reason before running anything.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Any
 
 import torch
 
-from .core.errors import NnterpError
+from .core.errors import NnterpError, Unavailable
 from .sweep import per_token_states, recurrent_layers, sweep_positions, target_id
 
 __all__ = ["AttributionResult", "state_attribution", "rank_correlation"]
@@ -120,13 +124,18 @@ def state_attribution(
     function = _metric_function(model, metric)
     layers = recurrent_layers(model, layers)
     with per_token_states(model):
+        for index in layers:
+            # What support() says in linear_attn.states.grad once the family is routed (the fast path's states, for one).
+            reason = model.layers[index].linear_attn.gradients()["states"]
+            if reason is not None:
+                raise Unavailable(f"state_attribution on layer {index}", reason)
         corrupt_states = dict(corrupt) if isinstance(corrupt, Mapping) else _states(model, corrupt, layers)
         missing = [layer for layer in layers if layer not in corrupt_states]
         if missing:
             raise NnterpError(f"the corrupt states given have no layers {missing}")
         saved: list = []
         values: list = []
-        with torch.enable_grad(), model.trace(clean):
+        with torch.enable_grad(), model.trace(clean, **model.family.BACKWARD_KWARGS):
             # A graph from the first layer on, whatever the parameters require: the states' taps need one.
             embedded = model.embed_tokens.output
             if not embedded.requires_grad:

@@ -34,7 +34,7 @@ from .core.errors import EmptyPrompt, NnterpError, RoutingError, WrongType
 from .core.values import DerivedEProperty, EProperty, Unwrap
 from .families import family_for
 from .recurrent.routing import refused_device
-from .recurrent.settings import mark_remote
+from .recurrent.settings import mark_remote, marked_generating
 from .support import describe, support_table
 
 
@@ -204,8 +204,10 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
         reason = refused_device(self)
         if reason is not None:
             raise RoutingError(reason)
-        # Explicit class: on a server this method is rebuilt from its source, without a `__class__` cell.
-        return super(StandardizedTransformer, self).interleave(fn, *args, **kwargs)
+        # tracer.iter counts steps under generate and a prompt's tokens in a trace: `state` needs to know which.
+        with marked_generating(self, getattr(fn, "__name__", None) == "generate"), self.family.around_run(self._module):
+            # Explicit class: on a server this method is rebuilt from its source, without a `__class__` cell.
+            return super(StandardizedTransformer, self).interleave(fn, *args, **kwargs)
 
     # -- remote execution (docs/remote.md) --------------------------------------------------
 
@@ -277,6 +279,8 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
                     f"the prompt of batch row{'s' if len(empty) > 1 else ''} {empty} is empty: it tokenized to no "
                     "tokens, and the row would run on padding alone; pass a non-empty prompt"
                 )
+            if self.family.PADDING_REFUSED is not None and not bool(mask.all()):
+                raise NnterpError(self.family.PADDING_REFUSED)
         return args, kwargs
 
     def support(self) -> dict:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+import nnterp
 from nnterp.attribution import AttributionResult, rank_correlation, state_attribution
+from nnterp.core.errors import Unavailable
 from nnterp.families import families
 from nnterp.sweep import patch_sweep, per_token_states
 
@@ -88,3 +90,14 @@ def test_rank_correlation_with_patch_sweep_is_reported(model, capsys):
 
     fig = plot.attribution(result, sweep)
     assert len(fig.axes) == 4  # estimate, effect, colorbar, scatter
+
+
+def test_refused_with_support_reason_on_the_fast_path(load):
+    # The fast path's states carry no gradient of the model's outputs: refused before any run, with support()'s reason.
+    model = load("qwen3_5_text")
+    with nnterp.fast_states(model):
+        layer = next(i for i, block in enumerate(model.layers) if getattr(block, "linear_attn", None) is not None)
+        reason = model.support()["linear_attn.states.grad"][layer]
+        assert reason is not None and "fast path" in reason
+        with pytest.raises(Unavailable, match="fast path"):
+            state_attribution(model, CLEAN, CORRUPT, metric)

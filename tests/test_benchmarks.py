@@ -20,7 +20,7 @@ def results(tmp_path_factory):
 
 def test_fast_and_routed_states_it_times_are_equal(results):
     found, _ = results
-    for name in ("gated_deltanet", "mamba2"):
+    for name in ("gated_deltanet", "mamba", "mamba2"):
         for length, data in found["families"][name]["lengths"].items():
             checks = data["checks"]
             assert checks["states_fast_vs_routed"] < 1e-5, (name, length)
@@ -39,7 +39,7 @@ def test_every_family_times_its_calls_against_the_plain_forward(results):
                 expected |= {"states, fast path", "set_state_after(mid), fast path"}
             assert expected <= set(rows), (name, length)
         assert family["generate"]["rows"]["generate, plain"]["ratio"] == pytest.approx(1.0)
-    assert not found["families"]["mamba"]["fast"], "Mamba-1 has no fast path"
+    assert found["families"]["mamba"]["fast"], "Mamba-1 has a fast path (nnterp.fast.selective)"
 
 
 def test_the_report_carries_the_command_the_machine_and_the_targets(results):
@@ -50,3 +50,26 @@ def test_the_report_carries_the_command_the_machine_and_the_targets(results):
         assert heading in text
     assert "| states, fast path |" in text and "TransformerLens" in text
     assert any(target.startswith("generate reading state_output") for target, *_ in found["targets"])
+
+
+def test_gpu_script_dry_run_checks_fast_against_routed(tmp_path, capsys):
+    # The GPU benchmark on tiny models on the CPU: its checks (fast vs routed states and writes) run and pass.
+    from benchmarks import gpu
+
+    out = tmp_path / "gpu.md"
+    page = tmp_path / "performance.md"
+    page.write_text("# Performance\n\n" + gpu.SECTION + "\nnot run\n" + gpu.END + "\n")
+    status = gpu.main(["--cpu-dry-run", "--lengths", "12", "--check-length", "10", "--reps", "1", "--out", str(out), "--page", str(page)])
+    text = out.read_text()
+    assert status == 0 and "Checks: all passed" in text
+    assert text.count("| pass |") >= 5 and "**fail**" not in text
+    assert "not run" not in page.read_text() and page.read_text().count(gpu.SECTION) == 1
+
+
+def test_gpu_script_without_a_gpu_says_so(monkeypatch):
+    import torch
+
+    from benchmarks import gpu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu.main([]) == 2

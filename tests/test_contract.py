@@ -6,7 +6,8 @@
     ``support()`` gives;
 (c) writing a value back unchanged leaves the logits unchanged;
 (d) a block has exactly the parts its config says;
-(e) ``next_token_probs`` of a left-padded batch is each prompt's alone.
+(e) ``next_token_probs`` of a left-padded batch is each prompt's alone (or refused with the family's
+    ``PADDING_REFUSED`` where its model ignores the attention mask).
 """
 
 from __future__ import annotations
@@ -161,8 +162,22 @@ def test_entering_values_written_back_on_a_decode_step_change_nothing(recurrent)
 def test_next_token_probs_of_a_left_padded_batch_is_each_prompt_alone(case):
     _, model, _ = case
     assert len(model.tokenizer(PROMPT).input_ids) != len(model.tokenizer(OTHER).input_ids)
+    if model.family.PADDING_REFUSED is not None:  # the model ignores the mask: refused, not run wrong
+        with pytest.raises(nnterp.NnterpError) as raised, torch.no_grad(), model.trace([PROMPT, OTHER]):
+            model.next_token_probs.save()
+        assert str(raised.value) == model.family.PADDING_REFUSED
+        return
     with torch.no_grad(), model.trace([PROMPT, OTHER]):
         batch = model.next_token_probs.save()
+    if model.family.PADDING_DIFFERS is not None:
+        # transformers' own forward mixes the padding into the row: nnterp must serve exactly what it computes.
+        hf = AutoModelForCausalLM.from_pretrained(case[2]).eval()
+        inputs = model.tokenizer([PROMPT, OTHER], return_tensors="pt", padding=True)
+        positions = (inputs.attention_mask.cumsum(-1) - 1).clamp(min=0)  # as nnsight supplies them for a padded row
+        with torch.no_grad():
+            logits = hf(**inputs, position_ids=positions).logits[:, -1]
+        torch.testing.assert_close(batch, torch.softmax(logits, -1), rtol=0, atol=1e-6)
+        return
     for row, prompt in enumerate([PROMPT, OTHER]):
         with torch.no_grad(), model.trace(prompt):
             alone = model.next_token_probs.save()

@@ -154,6 +154,12 @@ def test_writing_a_layer_output_and_an_mlp_output_changes_what_follows_as_hf_wou
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
 
 
+def _capped(model, logits):
+    """``logits`` soft-capped as the family's causal LM caps them (RecurrentGemma), unchanged elsewhere."""
+    cap = model.family.logits_softcap(model._module.config)
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_project_on_vocab_is_the_final_norm_and_unembedding(model_type, load, plains):
     model, plain = load(model_type), plains(model_type)
@@ -172,7 +178,7 @@ def test_project_on_vocab_is_the_final_norm_and_unembedding(model_type, load, pl
     torch.testing.assert_close(final, ref.logits, rtol=0, atol=1e-5)  # the model's own logits
     norm, head = plain.get_submodule(model.family.LN_FINAL), plain.get_submodule(model.family.LM_HEAD)
     with torch.no_grad():
-        manual = head(norm(first)) * model.family.logits_scale(plain.config)
+        manual = _capped(model, head(norm(first)) * model.family.logits_scale(plain.config))
     torch.testing.assert_close(middle, manual, rtol=0, atol=1e-5)
     # outside a trace, on a plain tensor
     torch.testing.assert_close(model.project_on_vocab(first).detach(), manual, rtol=0, atol=1e-5)
@@ -365,7 +371,7 @@ def test_logit_lens_is_each_layer_output_through_the_final_norm_and_unembedding(
     norm, head = plain.get_submodule(model.family.LN_FINAL), plain.get_submodule(model.family.LM_HEAD)
     scale = model.family.logits_scale(plain.config)
     with torch.no_grad():
-        manual = torch.stack([torch.softmax(head(norm(outputs[path][:, -1])) * scale, -1) for path in paths], 1)
+        manual = torch.stack([torch.softmax(_capped(model, head(norm(outputs[path][:, -1])) * scale), -1) for path in paths], 1)
     torch.testing.assert_close(probs[:, :-1], manual[:, :-1], rtol=0, atol=1e-5)
     torch.testing.assert_close(probs[:, -1], torch.softmax(ref.logits[:, -1], -1), rtol=0, atol=1e-5)
 
@@ -385,7 +391,11 @@ def test_token_activations_by_value_and_patchscope(model_type, load):
     assert default.shape == (model.num_layers, 4, model.hidden_size)
     specs = ["layer_output", "mlp.mlp_output"] + (["linear_attn.state_output"] if model.family.MIXER else [])
     batched = collect_token_activations_batched(model, prompts, batch_size=3, values=specs, tqdm=True)
+    lengths = [len(model.tokenizer(prompt).input_ids) for prompt in prompts]
     for index, prompt in enumerate(prompts):  # each prompt alone: left padding changes nothing
+        padded = lengths[index] < max(lengths[index // 3 * 3 : index // 3 * 3 + 3])
+        if padded and model.family.PADDING_DIFFERS is not None:
+            continue  # transformers' own forward mixes the padding into this row (the contract test checks that)
         alone = get_token_activations(model, prompt, values=specs)
         for spec in specs:
             assert set(alone[spec]) == set(batched[spec]) == {i for i, b in enumerate(model.layers) if spec == "layer_output" or getattr(b, spec.split(".")[0]) is not None}

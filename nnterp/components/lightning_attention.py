@@ -127,6 +127,8 @@ class LightningAttention(Standard):
     FAST = None
     CHUNKED_SCAN = False
     ONE_STEP_DECODE = False
+    #: The forward returns its final state with or without a cache, so `state_output` is served without one.
+    FINAL_STATE_WITHOUT_CACHE = True
 
     def labels(self) -> dict:
         """This release's labels in the wrapped HF mixer's forward (found once per class)."""

@@ -47,14 +47,15 @@ from ..fast.effective import EffectiveSpec
 from ..fast.specs import FastSpec
 from ..recurrent import arguments
 from ..recurrent.call import KERNEL_RAN, Call
-from ..recurrent.kernels import modeling_of, needs_torch_kernels, original_body, signature_binding
+from ..recurrent.kernels import drill, modeling_of, needs_torch_kernels, original_body, signature_binding
 from ..recurrent.labels import Label, cache_test, call_label, state_label
 from ..recurrent.per_token import iteration_strategy, strategy_for
 from ..recurrent.per_token.loop import TOKEN_LOOP, TokenOp, needs_recurrent_routing
 from ..recurrent.routing import route_delta_rule, route_kernels, track  # noqa: F401  (documented here)
-from ..recurrent.settings import REMOTE
-from . import call_state
+from ..recurrent.settings import REMOTE, generating
+from . import call_state, selected_states
 from . import effective_attention as effective
+from .gradient_support import gradient_reasons
 
 __all__ = [
     "RecurrentMixer", "kernel", "needs_torch_kernels", "needs_recurrent_routing", "route_kernels",
@@ -96,7 +97,7 @@ class RecurrentMixer(Standard):
     ``KERNEL`` names the call that fires on this call of the mixer, decided
     once per call by the forward's own test, so the same values work in a
     trace and at every step of ``tracer.iter``. The state after every token
-    (`state`, `states`, `state_after`, `set_state_after`) is served by the
+    (`state`, `states`, `state_after`, `states_of`, `set_state_after`) is served by the
     strategy `nnterp.recurrent.per_token.strategy_for` picks: the token loop
     once ``nnterp.route_kernels(model.family, "torch")`` routes the family's
     prompts through it (like eager attention, the user's choice), Mamba-2's
@@ -198,7 +199,10 @@ class RecurrentMixer(Standard):
             # How often each kernel has started before this call: a later request
             # for its arguments past that count would land in the next call.
             started = {label: med.occurrence(f"{self.path}.source.{label}.input") for label in (self.CHUNK_KERNEL, self.RECURRENT_KERNEL)}
-            return {"seq": hidden.shape[1], "cache": cache, "continues": self.continues_cache(cache), "kernels": started}
+            return {
+                "seq": hidden.shape[1], "cache": cache, "continues": self.continues_cache(cache), "kernels": started,
+                "arguments": bound,  # the forward's own arguments (RWKV's state list, which it carries instead of a cache)
+            }
 
         return per_call(self, "inputs", read)
 
@@ -334,6 +338,15 @@ class RecurrentMixer(Standard):
     effective_attention_of = effective.effective_attention_of
     _effective = effective.effective_values
 
+    # -- which values carry a gradient (gradient_support.py) ------------------------------
+
+    #: Values of this component no gradient reaches, beyond the shared ones (`gradient_support.NEVER`): name -> why.
+    GRADIENTLESS: dict[str, str] = {}
+
+    def gradients(self) -> dict[str, str | None]:
+        """Per value, ``None`` where its ``.grad`` is served now, else why not (``support()``'s ``.grad`` rows)."""
+        return gradient_reasons(self)
+
     # -- the state after every token: one declaration, served by the chosen strategy -------
 
     def _token_state_op(self) -> str:
@@ -345,9 +358,15 @@ class RecurrentMixer(Standard):
         return iteration_strategy(self).token_op(self)
 
     def _iterated_state(self) -> torch.Tensor:
+        if generating(self):
+            # tracer.iter counts generate's steps, one call of the mixer each: the state that step leaves.
+            return self.state_after(-1)
         return iteration_strategy(self).state(self)
 
     def _assign_iterated_state(self, value: torch.Tensor) -> None:
+        if generating(self):
+            self.set_state_after(-1, value)
+            return
         iteration_strategy(self).set_state(self, value)
 
     def _states(self) -> States:
@@ -357,7 +376,7 @@ class RecurrentMixer(Standard):
         _iterated_state,
         assign=_assign_iterated_state,
         key=Key(_token_state_op),
-        description="the state after a token of the prompt, one occurrence per token (tracer.iter), [batch, ...state]; needs route_kernels(family, 'torch')",
+        description="the state after a token of the prompt, one occurrence per token (tracer.iter; under generate, the state each step leaves), [batch, ...state]; needs route_kernels(family, 'torch')",
         unavailable=_iteration_reason,
         annotation=State,
     )
@@ -376,6 +395,8 @@ class RecurrentMixer(Standard):
         """
         return strategy_for(self).state_after(self, t)
 
+    states_of = selected_states.states_of
+
     def set_state_after(self, t: int, value: torch.Tensor) -> None:
         """Assign the state after token ``t``: the tokens after it continue from ``value``.
 
@@ -393,6 +414,19 @@ class RecurrentMixer(Standard):
         strategy_for(self).set_state_after(self, t, value)
 
     # -- a component's own update rule, for a write inside a call (the token loop) ---------
+
+    def _loop_source(self, op: Any) -> Any:
+        """The source of the token loop inside kernel call ``op`` (RWKV's kernel calls its loop: one level further)."""
+        return drill(op)
+
+    def _token_state(self, call: Call, occurrence: int | None) -> torch.Tensor:
+        """The state bound at ``occurrence`` of the state op (``None``: the next one), as `states` serves it."""
+        with pinned(occurrence):
+            return call.strategy["op"].output
+
+    def kernel_reason(self) -> str | None:
+        """Why this mixer's kernel has no Python loop to read, beyond the bindings `needs_torch_kernels` checks."""
+        return None
 
     def _continue_op(self, call: Call) -> Any:
         """The per-token op whose occurrence ``t + 1`` `_continue_from` writes at (the state op by default)."""

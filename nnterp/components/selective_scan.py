@@ -28,8 +28,12 @@ Values, all tokens first (``seq`` is this call's tokens, one on a decode step):
   starts from zeros (so does a multi-token continuation of a cache).
 * ``state_output``: the state after the call's last token; writable.
 * ``state`` / ``states`` ``[batch, seq, channels, state_size]`` /
-  ``state_after`` / ``set_state_after``: the state after every token
-  (`RecurrentMixer`); the prompt kernel is itself the token loop.
+  ``state_after`` / ``states_of`` / ``set_state_after``: the state after every
+  token (`RecurrentMixer`); the prompt kernel is itself the token loop, once
+  routed; or from the kernel's arguments with ``fast_states(model)``
+  (`nnterp.fast.selective`), where a write splits the kernel call and adds
+  the written state's contribution to the second part (the kernel always
+  starts from zeros).
 * ``conv_state_input`` / ``conv_state_output`` ``[batch, channels, conv_width]``.
 * ``effective_attention`` ``[batch, channels, seq, seq]``: one pattern per
   channel, ``A[d, t, s] = silu(z_t[d]) (Σ_n C_t[n] B_s[n] exp(Σ_{s<j≤t} Δ_j[d]
@@ -57,6 +61,7 @@ from ..core.dims import BATCH, CHANNELS, SEQ, STATE_SIZE
 from ..core.errors import NnterpError
 from ..core.values import DerivedEProperty
 from ..fast.effective import SCAN_ATTENTION
+from ..fast.specs import SCAN
 from ..recurrent.arguments import (
     CHANNELS_FIRST,
     ONE_TOKEN,
@@ -93,6 +98,8 @@ class SelectiveScan(RecurrentMixer):
     ONE_STEP_DECODE = True
     SEQ_ARGUMENT = "x"
     EFFECTIVE = SCAN_ATTENTION
+    #: The fast path (`nnterp.fast.selective`); the prompt kernel takes no initial state, so writes use ``SCAN.resume``.
+    FAST = SCAN
 
     #: ``mamba_selective_scan(x, dt, A, B, C, D=, z=, delta_bias=, delta_softplus=, ...)``, channel-first.
     CHUNK_ARGUMENTS = {
@@ -105,6 +112,7 @@ class SelectiveScan(RecurrentMixer):
         "z": ("z", CHANNELS_FIRST),
         "dt_bias": ("delta_bias", SAME),
         "dt_softplus": ("delta_softplus", SAME),
+        "final": ("return_last_state", SAME),
     }
     #: ``mamba_selective_state_update(state, x, dt, A, B, C, D, z=, dt_bias=, dt_softplus=)``, one token.
     RECURRENT_ARGUMENTS = {
@@ -172,7 +180,7 @@ class SelectiveScan(RecurrentMixer):
     )
     state_output = RecurrentMixer.state_output.variant("the state after this call's last token, [batch, channels, state_size]", ScanState)
     state = RecurrentMixer.state.variant(
-        "the state after a token of the prompt, one occurrence per token (tracer.iter), [batch, channels, state_size]", ScanState
+        "the state after a token of the prompt, one occurrence per token (tracer.iter; under generate, the state each step leaves), [batch, channels, state_size]", ScanState
     )
     states = RecurrentMixer.states.variant("the state after every token of this call, [batch, seq, channels, state_size]", ScanStates)
     effective_attention = RecurrentMixer.effective_attention.variant(

@@ -22,9 +22,18 @@ never disagree.
 * ``head_dim``: Mamba-2's channels per head (the state's first axis there).
 * ``state_size``: the SSM state dimension ``N`` of Mamba-1 and Mamba-2.
 * ``conv_channels`` / ``conv_width``: the short-convolution window a mixer
-  carries forward beside its state.
+  carries forward beside its state (LFM2's gated short convolution: its only
+  state, ``conv_channels`` = ``hidden``).
 * ``experts``: the routed experts of a mixture-of-experts block (the
   router's logits are one per expert).
+* ``lru_width``: the channels of RecurrentGemma's RG-LRU (``config.lru_width``);
+  its state is one number per channel, ``[batch, lru_width]``.
+* ``conv_window``: the inputs a module-held convolution window keeps,
+  ``conv_width - 1`` (RecurrentGemma's ``conv1d_state``).
+* ``wkv_parts``: RWKV-4's WKV state, 3 numbers per ``channels`` entry (its
+  attention channels there): 0 the numerator ``a``, 1 the denominator ``b``,
+  2 the running maximum ``p`` they are scaled by (the sums are ``a·eᵖ`` and
+  ``b·eᵖ``). Its token shift is a ``conv_width`` 1 window.
 """
 
 from __future__ import annotations
@@ -47,6 +56,9 @@ STATE_SIZE = "state_size"
 CONV_CHANNELS = "conv_channels"
 CONV_WIDTH = "conv_width"
 EXPERTS = "experts"
+LRU_WIDTH = "lru_width"
+CONV_WINDOW = "conv_window"
+WKV_PARTS = "wkv_parts"
 
 Hidden = Float[Tensor, f"{BATCH} {SEQ} {HIDDEN}"]
 Logits = Float[Tensor, f"{BATCH} {SEQ} {VOCAB}"]

@@ -33,6 +33,7 @@ and `layer_parts` (from a config alone, which parts each block has),
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, ClassVar
@@ -69,6 +70,9 @@ class Family:
     DECODER_LAYERS: ClassVar[tuple[type, ...]] = ()
     COMPONENTS: ClassVar[dict[type, type]] = {}
     MIXER: ClassVar[type | None] = None
+    #: Why a left-padded batch's rows differ from each prompt run alone in transformers itself (its forward
+    #: ignores the padding somewhere), or ``None``: nnterp serves what transformers computes, and says so.
+    PADDING_DIFFERS: ClassVar[str | None] = None
 
     REAL_CHECKPOINTS: ClassVar[dict[str, RealCheckpoint]] = {}
 
@@ -79,6 +83,12 @@ class Family:
             cls.NAME = stem
         if "REAL_CHECKPOINTS" not in cls.__dict__:
             cls.REAL_CHECKPOINTS = {}  # a sibling's published checkpoints are not this family's
+
+    #: Why a padded batch cannot run on this family (its model ignores the attention mask), or ``None``.
+    PADDING_REFUSED: ClassVar[str | None] = None
+
+    #: Keyword arguments a trace needs for a backward pass through the model (``{}`` on most families).
+    BACKWARD_KWARGS: ClassVar[dict] = {}
 
     #: The parts of a block in the order its forward computes them (readers of several values follow it).
     PART_ORDER: ClassVar[tuple[str, ...]] = ("self_attn", "linear_attn", "mlp")
@@ -93,6 +103,15 @@ class Family:
         """
         by_path = {f"{cls.LAYERS}.*.{cls.LAYER.MLP}": MLP} if getattr(cls.LAYER, "MLP", None) else {}
         return {**{block: cls.LAYER for block in cls.DECODER_LAYERS}, **cls.COMPONENTS, **by_path}
+
+    @classmethod
+    def around_run(cls, model: Any) -> AbstractContextManager:
+        """What nnterp does around every run of the HF ``model`` (a trace, a generate): nothing on most families.
+
+        RWKV's undoes the weight rescaling transformers' eval forward makes in place, so a run leaves the weights as
+        it found them.
+        """
+        return nullcontext()
 
     @classmethod
     def text_config(cls, config: Any) -> Any:

@@ -10,7 +10,10 @@ about the cost of that call plus writing the states once:
   per head, or per key channel), chunkwise in the WY/UT form, with a loop
   over chunks only;
 * `ssd_states`: Mamba-2's state space duality, linear in length;
-* `FastSpec` (``GATED_DELTA``, ``KIMI_DELTA``, ``SSD``): what a component's
+* `selective_scan_states`: Mamba-1's selective scan (a decay per channel and
+  state entry), chunked; `selective_scan_readout`: what a start state adds to
+  a scan that started from zeros (Mamba-1's prompt kernel takes none);
+* `FastSpec` (``GATED_DELTA``, ``KIMI_DELTA``, ``SSD``, ``SCAN``): what a component's
   fast path computes from its kernel call, by its signature table's names;
 * `gated_delta_attention`, `kimi_delta_attention`, `ssd_attention`,
   `selective_scan_attention` (`effective`): the exact effective attention
@@ -37,13 +40,16 @@ from .effective import (
     selective_scan_attention,
     ssd_attention,
 )
-from .specs import GATED_DELTA, KIMI_DELTA, SSD, FastSpec
+from .selective import selective_scan_readout, selective_scan_states
+from .specs import GATED_DELTA, KIMI_DELTA, SCAN, SSD, FastSpec
 from .ssd import ssd_states
 
 __all__ = [
     "gated_delta_states",
     "kimi_delta_states",
     "ssd_states",
+    "selective_scan_states",
+    "selective_scan_readout",
     "gated_delta_attention",
     "kimi_delta_attention",
     "ssd_attention",
@@ -57,6 +63,7 @@ __all__ = [
     "GATED_DELTA",
     "KIMI_DELTA",
     "SSD",
+    "SCAN",
     "empty_states",
     "empty_cache",
     "cached_bytes",

@@ -7,9 +7,19 @@ A prompt runs through one kernel call; a component's signature table
 `FastSpec` says, in those names:
 
 * ``compute(arguments, out)``: the state after every token, into ``out`` when given;
-* ``tokens``: the arguments that carry one entry per token on axis 1 (a call
-  is split at a position by slicing these);
-* ``state_shape(arguments)``: ``(batch, ...)`` of one state.
+* ``tokens``: the arguments that carry one entry per token (a call is split
+  at a position by slicing these);
+* ``state_shape(arguments)``: ``(batch, ...)`` of one state;
+* ``output_axis``: the token axis of the kernel's output (its outputs on two
+  parts of a split call are concatenated there);
+* ``resume(arguments, initial, result)``: only for a kernel that takes no
+  initial state (Mamba-1's always starts from zeros): its ``result`` on
+  ``arguments``, turned into what it would have returned starting from
+  ``initial`` (exact: the recurrence is linear in its start state).
+
+``arguments`` are served tokens first (the table's layouts applied), as
+`nnterp.fast.effective.EffectiveSpec` takes them; ``result`` is the kernel's
+own return, in its own layout.
 
 Pure torch: this file knows nothing of nnsight or of the components.
 """
@@ -23,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from .delta import gated_delta_states, kimi_delta_states
+from .selective import selective_scan_readout, selective_scan_states
 from .ssd import ssd_states
 
 
@@ -32,6 +43,9 @@ class FastSpec:
     compute: Callable[[dict, torch.Tensor | None], torch.Tensor]
     tokens: tuple
     state_shape: Callable[[dict], tuple]
+    resume: Callable[[dict, torch.Tensor, object], object] | None = None
+    #: The kernel output's token axis (split outputs are concatenated on it): Mamba-1's is channel-first.
+    output_axis: int = 1
 
     def __repr__(self) -> str:
         return f"FastSpec({self.name})"
@@ -61,9 +75,32 @@ def _ssd_shape(a: dict) -> tuple:
     return (x.shape[0], x.shape[2], x.shape[3], B.shape[3])
 
 
+def _scan(a: dict, out: torch.Tensor | None) -> torch.Tensor:
+    return selective_scan_states(a["x"], a["dt"], a["A"], a["B"], a.get("dt_bias"), bool(a.get("dt_softplus") or False), a.get("state"), out=out)
+
+
+def _scan_shape(a: dict) -> tuple:
+    x, A = a["x"], a["A"]
+    return (x.shape[0], x.shape[2], A.shape[1])
+
+
+def _scan_resume(a: dict, initial: torch.Tensor, result: object) -> object:
+    # The kernel returns y channel-first, [batch, channels, seq], and (with return_last_state) its final state.
+    readout, decayed = selective_scan_readout(
+        a["dt"], a["A"], a["C"], initial, a.get("z"), a.get("dt_bias"), bool(a.get("dt_softplus") or False)
+    )
+    y = result[0] if isinstance(result, tuple) else result
+    y = (y.float() + readout.transpose(1, 2)).to(y.dtype)
+    if not isinstance(result, tuple):
+        return y
+    return (y, (result[1].float() + decayed).to(result[1].dtype), *result[2:])
+
+
 #: transformers' ``torch_chunk_gated_delta_rule`` (Qwen3.5, Qwen3-Next, OLMo-Hybrid).
 GATED_DELTA = FastSpec("gated delta rule", _delta(gated_delta_states), ("q", "k", "v", "g", "beta"), _delta_shape)
 #: transformers' ``chunk_kimi_delta_attention`` (Kimi-Linear).
 KIMI_DELTA = FastSpec("Kimi delta attention", _delta(kimi_delta_states), ("q", "k", "v", "g", "beta"), _delta_shape)
 #: transformers' ``mamba2_chunk_scan`` (Mamba-2).
 SSD = FastSpec("state space duality", _ssd, ("x", "dt", "B", "C"), _ssd_shape)
+#: transformers' ``mamba_selective_scan`` (Mamba-1, Falcon-Mamba, Jamba), which starts from zeros: ``resume``.
+SCAN = FastSpec("selective scan", _scan, ("x", "dt", "B", "C", "z"), _scan_shape, _scan_resume, output_axis=2)

@@ -114,6 +114,14 @@ class Call:
         if self.writes and max(self.writes) >= position:
             raise OrderError(order_hint(what, f"set_state_after({max(self.writes)}, value)"))
 
+    def positions(self, selection: Any, what: str) -> list[int]:
+        """``selection`` (a sequence of ints, a range, a 1-d tensor) as positions of this call, in the order given."""
+        if isinstance(selection, torch.Tensor):
+            selection = selection.reshape(-1).tolist() if selection.dim() <= 1 else selection
+        if isinstance(selection, (int, str, bytes, torch.Tensor)) or not hasattr(selection, "__iter__"):
+            raise WrongType(f"{what} takes a sequence of token positions (ints), got {type(selection).__name__}")
+        return [self.position(t, what) for t in selection]
+
     def position(self, t: Any, what: str) -> int:
         """``t`` as a position of this call (negative counts from the end), or an error naming the range."""
         if not isinstance(t, int) or isinstance(t, bool):

@@ -148,4 +148,5 @@ def needs_torch_kernels(mixer: Any) -> str | None:
                     "it): nnterp.fast_states(model) serves the per-token states without routing"
                 )
             return reason
-    return None
+    # A kernel the mixer itself knows to have no Python loop (RWKV's CUDA WKV kernel, loaded by transformers).
+    return mixer.kernel_reason() if hasattr(mixer, "kernel_reason") else None

@@ -92,7 +92,7 @@ def mixers_of(family: Any) -> list[tuple[type, type]]:
     family = family_of(family)
     found = [
         (hf, component) for hf, component in family.COMPONENTS.items()
-        if getattr(component, "CHUNK_FUNCTION", "") and hasattr(component, "find_labels")
+        if hasattr(component, "CHUNK_FUNCTION") and hasattr(component, "find_labels")
     ]
     if not found and getattr(family, "MIXER", None) is None:
         raise NnterpError(
@@ -151,7 +151,8 @@ def route_kernels(family: Any, mode: str) -> Routing:
     stash = modeling.__dict__.setdefault(STASH, {})
     target: dict[str, Any] = {}
     for hf_mixer, component in mixers_of(family):
-        names = (component.CHUNK_FUNCTION, component.RECURRENT_FUNCTION, *component.CONV_FUNCTIONS)
+        # A mixer whose recurrence is its own method (RG-LRU) names no kernel: nothing of it to rebind.
+        names = tuple(name for name in (component.CHUNK_FUNCTION, component.RECURRENT_FUNCTION, *component.CONV_FUNCTIONS) if name)
         for name in names:
             stash.setdefault(name, modeling.__dict__[name])
         if mode == "default":
@@ -159,7 +160,7 @@ def route_kernels(family: Any, mode: str) -> Routing:
             continue
         target.update({name: torch_function(stash[name]) for name in names})
         labels = labels_for(component, hf_mixer)
-        if labels["STATE_OP"] is not None and not component.ONE_STEP_DECODE:
+        if labels["STATE_OP"] is not None and not component.ONE_STEP_DECODE and component.CHUNK_FUNCTION:
             target[component.CHUNK_FUNCTION] = target[component.RECURRENT_FUNCTION]
     previous = {name: modeling.__dict__[name] for name in target}
     _rebind(modeling, target)

@@ -32,6 +32,9 @@ PER_TOKEN = "_nnterp_per_token"
 #: reach: set on every mixer of a ``StandardizedTransformer(..., remote=True)``, and on every mixer a
 #: request carries (a mixer's pickled state always says so: it is pickled only to be shipped).
 REMOTE = "_nnterp_remote"
+#: Attribute of a mixer envoy set while its model runs ``generate``, where ``tracer.iter`` counts the model's
+#: forward calls (the steps) rather than the tokens of one prompt call.
+GENERATING = "_nnterp_generating"
 
 
 def runs_remotely(mixer: Any) -> bool:
@@ -43,6 +46,33 @@ def mark_remote(model: Any) -> None:
     """Mark every mixer of ``model`` as running on a server (``StandardizedTransformer(..., remote=True)``)."""
     for mixer in _mixers(model, "remote=True"):
         object.__setattr__(mixer, REMOTE, True)
+
+
+def generating(mixer: Any) -> bool:
+    """Whether ``mixer``'s model is running ``generate`` (set by `StandardizedTransformer.interleave`)."""
+    return bool(mixer.__dict__.get(GENERATING))
+
+
+class marked_generating:  # noqa: N801  (used as a function: ``with marked_generating(model, on):``)
+    """While open, every mixer of ``model`` says whether the run is ``generate``; the previous marks come back on exit.
+
+    A class, not a ``@contextmanager`` function: it runs on a server too, where a function arrives rebuilt from
+    its source without its decorators.
+    """
+
+    def __init__(self, model: Any, on: bool) -> None:
+        layers = getattr(model, "layers", None) or []
+        self.mixers = [layer.linear_attn for layer in layers if getattr(layer, "linear_attn", None) is not None]
+        self.on = on
+
+    def __enter__(self) -> None:
+        self.previous = [mixer.__dict__.get(GENERATING) for mixer in self.mixers]
+        for mixer in self.mixers:
+            object.__setattr__(mixer, GENERATING, self.on)
+
+    def __exit__(self, *exc: Any) -> None:
+        for mixer, before in zip(self.mixers, self.previous):
+            object.__setattr__(mixer, GENERATING, before)
 
 
 def per_token_setting(mixer: Any) -> str | None:

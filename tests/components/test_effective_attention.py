@@ -72,7 +72,7 @@ def _read_mixers(mixers, got):
         kernel = cls.KERNEL(mix)
         table = cls.RECURRENT_ARGUMENTS if kernel == cls.RECURRENT_KERNEL else cls.CHUNK_ARGUMENTS
         value_name = "v" if "v" in table else "x"
-        output = getattr(mix.source, kernel).output
+        output = mix._record().op.output  # the kernel call's envoy (the RG-LRU calls its scan in a child module)
         output = output[0] if isinstance(output, tuple) else output
         got.append((attention, readout, values, table[value_name][1].read(output).save()))
 
@@ -106,6 +106,8 @@ def test_the_coefficients_reproduce_the_kernels_output_on_a_prompt(model):
 
 
 def test_the_coefficients_reproduce_the_kernels_output_on_a_left_padded_batch(model):
+    if model.family.PADDING_REFUSED is not None:
+        pytest.skip(model.family.PADDING_REFUSED)
     assert model.tokenizer.padding_side == "left"
     got = _read(model, _mixers(model), [PROMPT, OTHER])
     assert got[0][0].shape[0] == 2

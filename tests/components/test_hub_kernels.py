@@ -73,7 +73,9 @@ def test_a_hub_module_binding_is_reported_with_the_fix(load, model_type):
     with hub_bound(model.family) as bound:
         support = model.support()
         changed = {name for name in names if before[f"linear_attn.{name}"] is None and support[f"linear_attn.{name}"] is not None}
-        assert changed and "state_output" in changed, "the values read inside the kernel call say why"
+        # A short convolution's state_output is the cache's window, read outside the kernel call.
+        outside = type(mix).values()["state_output"].unavailable is None
+        assert changed and ("state_output" in changed or outside), "the values read inside the kernel call say why"
         for name in changed:
             (reason,) = _reasons(model, name)
             assert "HF `kernels` package" in reason and "USE_HUB_KERNELS=0" in reason, reason

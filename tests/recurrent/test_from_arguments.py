@@ -261,7 +261,7 @@ def test_the_switch_is_per_model_outside_traces(model, checkpoint):
     assert model.support()["linear_attn.states"] is None
 
 
-# -- every family with a fast path: the delta rules (per head, per key channel) and Mamba-2's SSD -----
+# -- every family with a fast path: the delta rules (per head, per key channel), Mamba-2's SSD, Mamba-1's scan -----
 
 LONG = PROMPT + " " + OTHER + " " + PROMPT  # several of Mamba-2's 8-token chunks
 
@@ -282,7 +282,9 @@ def loaded(load, checkpoint):
 
 def state_donor(mix, scale=2.0, seed=3):
     module = mix._module
-    if hasattr(module, "ssm_state_size"):
+    if "channels" in mix.dims():  # Mamba-1: a state vector per inner channel
+        shape = (1, mix.dims()["channels"], mix.dims()["state_size"])
+    elif hasattr(module, "ssm_state_size"):
         shape = (1, module.num_heads, module.head_dim, module.ssm_state_size)
     else:
         shape = (1, mix.dims()["mixer_heads"], mix.dims()["key_dim"], mix.dims()["value_dim"])

@@ -13,6 +13,7 @@ import torch
 
 import nnterp
 from nnterp.families import REGISTRY, families
+from nnterp.recurrent.gradients import VIEW_MARK
 
 #: The first family of each distinct recurrent mixer.
 KINDS = tuple(sorted({family.MIXER: family.NAME for family in reversed(families()) if family.MIXER is not None}.values()))
@@ -73,7 +74,7 @@ def test_states_grad_matches_finite_differences(model):
         with torch.no_grad(), model.trace(ids):
             plain = mix.states.save()
             plain_logits = model.logits.save()
-        with model.trace(ids):
+        with model.trace(ids, **model.family.BACKWARD_KWARGS):
             states = mix.states.save()
             logits = model.logits.save()
             loss = metric(model).save()
@@ -96,7 +97,7 @@ def test_argument_grad_matches_finite_differences(model, name):
     mix = model.layers[recurrent(model)[0]].linear_attn
     if name not in type(mix).values() or mix.support()[name] is not None:
         pytest.skip(f"{type(mix).__name__} serves no {name}")
-    with model.trace(ids):
+    with model.trace(ids, **model.family.BACKWARD_KWARGS):
         value = getattr(mix, name).save()
         loss = metric(model).save()
         with loss.backward():
@@ -126,6 +127,11 @@ def test_mamba_decays_grad_reaches_A(load):
     torch.testing.assert_close(g_A, (g_decays * betas.detach()[..., None]).sum((0, 1)), rtol=1e-4, atol=1e-7)
 
 
+def held(value):
+    """The tensor the kernel holds: ``value`` itself, or what a served view (another layout) views."""
+    return value._base if getattr(value, VIEW_MARK, False) else value
+
+
 @pytest.mark.parametrize("model_type", [t for t in KINDS if REGISTRY[t].MIXER.FAST is not None])
 def test_fast_states_are_a_function_of_the_arguments(load, model_type):
     # The fast path's states under autograd: the same values as without, and a loss on them reaches the arguments.
@@ -136,18 +142,20 @@ def test_fast_states_are_a_function_of_the_arguments(load, model_type):
     with nnterp.fast_states(model):
         with torch.no_grad(), model.trace(ids):
             plain = mix.states.save()
-        with model.trace(ids):
+        with model.trace(ids, **model.family.BACKWARD_KWARGS):
             value = getattr(mix, name).save()
             states = mix.states.save()
     torch.testing.assert_close(states.detach(), plain, rtol=1e-5, atol=1e-7)  # float32 rounding (no out= under autograd)
     weights = torch.randn(states.shape, generator=torch.Generator().manual_seed(2))
+    # Mamba-1's kernel holds x channel-first: each read serves a new view of it, so differentiate by what it views.
+    value = held(value)
     (grad,) = torch.autograd.grad((states * weights).sum(), value, retain_graph=True)
     assert grad.abs().sum() > 0
     # Against the kernel's own final state, a function of the same argument.
-    with model.trace(ids):
+    with model.trace(ids, **model.family.BACKWARD_KWARGS):
         kernel_value = getattr(mix, name).save()
         final = mix.state_output.save()
-    (expected,) = torch.autograd.grad((final * weights[:, -1]).sum(), kernel_value)
+    (expected,) = torch.autograd.grad((final * weights[:, -1]).sum(), held(kernel_value))
     (last,) = torch.autograd.grad((states[:, -1] * weights[:, -1]).sum(), value)
     torch.testing.assert_close(last, expected, rtol=1e-3, atol=1e-5)
 
@@ -163,7 +171,7 @@ def test_set_state_after_target_grad_matches_finite_differences(model, strategy)
         with torch.no_grad(), model.trace(ids):
             clean = mix.state_after(t).save()
         target = (clean * 1.1).requires_grad_(True)
-        with model.trace(ids):
+        with model.trace(ids, **model.family.BACKWARD_KWARGS):
             mix.set_state_after(t, target)
             loss = metric(model).save()
             with loss.backward():

@@ -75,4 +75,4 @@ def test_settings_refuse_a_running_trace_and_what_is_not_a_model(load):
     with pytest.raises(NnterpError, match="takes a StandardizedTransformer"):
         nnterp.fast_states(object())
     with pytest.raises(NnterpError, match="no mixer with a fast path"):
-        nnterp.fast_states(load("mamba"))
+        nnterp.fast_states(load("llama"))  # no recurrent mixer (every recurrent kind has a fast path)

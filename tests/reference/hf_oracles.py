@@ -42,6 +42,7 @@ __all__ = [
     "prefix_states",
     "continue_from_state",
     "greedy",
+    "state_gradient",
 ]
 
 _CACHE_KWARGS = ("cache", "past_key_values", "cache_params")
@@ -232,3 +233,40 @@ def greedy(
             patch(step, cache)
         out = _forward(model, next_ids, cache, start=ids.shape[1] - 1)
     return ids
+
+
+def state_gradient(
+    model,
+    input_ids: torch.Tensor,
+    T: int,
+    layer_idx: int,
+    metric: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """``d metric / d state`` of ``layer_idx``'s state after token ``T``, by autograd through plain transformers.
+
+    The prefix ``input_ids[:, :T+1]`` runs without gradients; the layer's cached
+    state is then replaced by a leaf holding the same values, and the rest of the
+    prompt is fed one token at a time through the cache, so every later token
+    reads the state through the model's own decode kernels. ``metric`` maps the
+    last position's logits ``[B, vocab]`` to a scalar.
+
+    The decode kernels update the cached state in place (Mamba's
+    ``state.copy_``), which autograd refuses on a tensor it saved;
+    ``allow_mutation_on_saved_tensors`` keeps a copy of what it saved instead.
+
+    Returns:
+        the gradient, shaped like the layer's state (:func:`recurrent_state`).
+    """
+    length = input_ids.shape[1]
+    if not 0 <= T < length - 1:
+        raise IndexError(f"T={T}: a token must follow the state for it to have a gradient (prompt of {length})")
+    with torch.no_grad():
+        cache = output_cache(_forward(model, input_ids[:, : T + 1]))
+    live = recurrent_state(cache, layer_idx)
+    leaf = live.detach().clone().requires_grad_(True)
+    with torch.autograd.graph.allow_mutation_on_saved_tensors():
+        live.copy_(leaf)
+        for i in range(T + 1, length):
+            out = _forward(model, input_ids[:, i : i + 1], cache, start=i)
+        (grad,) = torch.autograd.grad(metric(out.logits[:, -1]), leaf)
+    return grad

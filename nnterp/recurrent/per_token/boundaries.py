@@ -111,6 +111,14 @@ class ChunkBoundaries(PerToken):
         call.advance(position, f"state_after({t})")
         return on_the_path(states[:, position])
 
+    def states_of(self, mixer: Any, positions: Any) -> torch.Tensor:
+        # The boundaries hold every token's state already: index them.
+        self.require(mixer, "states_of")
+        call, states = self.boundaries(mixer)
+        chosen = call.positions(positions, "states_of(positions)")
+        call.advance(max(chosen, default=0), "states_of(positions)")
+        return on_the_path(states[:, chosen])
+
     def set_state_after(self, mixer: Any, t: int, value: torch.Tensor) -> None:
         self.require(mixer, "set_state_after")
         what = f"set_state_after({t}, value)"

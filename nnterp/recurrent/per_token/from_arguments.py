@@ -12,13 +12,19 @@ and:
   runs as it would;
 * ``state_after(t)`` runs the bound kernel on the tokens up to ``t`` (from the
   call's own entering state) and returns its final state;
+* ``states_of(positions)`` computes the states with the same spec, a block of
+  `SELECTION_BLOCK` tokens at a time, up to the last selected position only,
+  keeping the selected ones: memory is the selection plus one block;
 * ``set_state_after(t, value)`` splits the call at ``t``: the bound kernel runs
   on ``[:t+1]`` and on ``[t+1:]`` from ``value``, and the call is skipped with
   ``(both outputs concatenated, the second's final state)``, so token ``t``
   keeps its own readout and the rest continue from ``value``. Later writes in
   the same call re-split and replace the output. When another invoke shares
   the call (a skip must cover every row), the kernel runs and this invoke's
-  rows of its output are replaced instead.
+  rows of its output are replaced instead. A kernel that takes no initial
+  state (Mamba-1's, which always starts from zeros) runs the second part from
+  zeros, and the spec's ``resume`` adds what ``value`` contributes (exact: the
+  recurrence is linear in its start state, `nnterp.fast.selective`).
 
 On a one-token decode step, ``states`` is the step's new state
 (``state_output``) and ``set_state_after(0, v)`` replaces it.
@@ -45,11 +51,14 @@ from ...core.calls import mediator
 from ...core.errors import OrderError, Unavailable
 from ...core.values import check_expected, replace_in
 from ...fast.buffers import empty_states
-from ..arguments import named
+from ..arguments import serve
 from ..call import Call, order_hint
 from ..gradients import recording
 from ..kernels import bound, modeling_of
 from .protocol import PerToken
+
+#: Tokens whose states `FromArguments.states_of` computes at once (its memory beyond the selection).
+SELECTION_BLOCK = 64
 
 
 class FromArguments(PerToken):
@@ -70,7 +79,9 @@ class FromArguments(PerToken):
         mediator(f"`linear_attn.{what}`")
         call = mixer._record()
         if not call.decodes and "named" not in call.strategy:
-            arguments = named(type(mixer).CHUNK_ARGUMENTS, call.arguments)
+            table = type(mixer).CHUNK_ARGUMENTS
+            # Tokens first (the layouts applied), as the spec takes them.
+            arguments = {name: serve(table, name, call.arguments) for name in table}
             if isinstance(arguments.get("state"), torch.Tensor):
                 # A continued cache's buffer, which the cache overwrites after the kernel returns.
                 arguments["state"] = arguments["state"].clone()
@@ -94,7 +105,15 @@ class FromArguments(PerToken):
         """The bound kernel (whatever it is) on tokens ``[lo, hi)`` of the call, from ``initial``."""
         cls = type(mixer)
         args, kwargs = cut(cls.CHUNK_ARGUMENTS, cls.FAST.tokens, call.arguments, lo, hi, initial, final)
-        return bound(modeling_of(mixer._module), cls.CHUNK_FUNCTION)(*args, **kwargs)
+        result = bound(modeling_of(mixer._module), cls.CHUNK_FUNCTION)(*args, **kwargs)
+        if initial is not None and "state" not in cls.CHUNK_ARGUMENTS:
+            # The kernel started from zeros: add what the start state contributes to its output and final state.
+            result = cls.FAST.resume(piece(cls.FAST, call.strategy["named"], lo, hi, None), initial, result)
+        return result
+
+    def _buffer(self, shape: tuple, device: Any, differentiable: bool) -> torch.Tensor:
+        """Where states are written: the reused pool (`nnterp.fast.buffers`), or a fresh tensor under autograd."""
+        return torch.empty(shape, device=device) if differentiable else empty_states(shape, device)
 
     # -- reads ------------------------------------------------------------------------
 
@@ -108,14 +127,10 @@ class FromArguments(PerToken):
         differentiable = recording() and any(recording(x) for x in arguments.values())
         # Without autograd, into the reused buffer with no graph; with it, into a fresh tensor, as a function of the
         # arguments (a loss on the states reaches them). The kernel never reads these states, so no later loss does.
-        out = torch.empty((shape[0], call.seq, *shape[1:]), device=call.expected[2]) if differentiable else empty_states(
-            (shape[0], call.seq, *shape[1:]), call.expected[2]
-        )
+        out = self._buffer((shape[0], call.seq, *shape[1:]), call.expected[2], differentiable)
         with torch.enable_grad() if differentiable else torch.no_grad():
             for lo, hi, initial in self._segments(call):
-                piece = {name: (x[:, lo:hi] if name in spec.tokens and isinstance(x, torch.Tensor) else x) for name, x in arguments.items()}
-                piece["state"] = initial
-                spec.compute(piece, out[:, lo:hi])
+                spec.compute(piece(spec, arguments, lo, hi, initial), out[:, lo:hi])
         for t, value in call.writes.items():
             out[:, t] = value
         call.states_read = True
@@ -135,6 +150,36 @@ class FromArguments(PerToken):
         call.advance(position, what)
         call.strategy.setdefault("read", {})[position] = final
         return final
+
+    def states_of(self, mixer: Any, positions: Any) -> torch.Tensor:
+        what = "states_of(positions)"
+        call = self.record(mixer, "states_of")
+        chosen = call.positions(positions, what)
+        if call.decodes:
+            return mixer._read_state_output()[:, None][:, [0] * len(chosen)]  # the step's one token
+        spec = type(mixer).FAST
+        arguments = call.strategy["named"]
+        shape = spec.state_shape(arguments)
+        found = {p: call.writes[p] for p in chosen if p in call.writes}
+        wanted = sorted(set(chosen) - set(found))
+        differentiable = recording() and any(recording(x) for x in arguments.values())
+        span = wanted[-1] + 1 if wanted else 0
+        with torch.enable_grad() if differentiable else torch.no_grad():
+            # Blocks of tokens up to the last wanted position, each from the state the previous one ended with.
+            buffer = None
+            for lo, hi, initial in self._segments(call, span):
+                for at in range(lo, hi, SELECTION_BLOCK):
+                    stop = min(hi, at + SELECTION_BLOCK)
+                    if buffer is None or differentiable:  # under autograd a block is kept by the graph: never reused
+                        buffer = self._buffer((shape[0], min(SELECTION_BLOCK, span), *shape[1:]), call.expected[2], differentiable)
+                    block = buffer[:, : stop - at]
+                    spec.compute(piece(spec, arguments, at, stop, initial), block)
+                    found.update((p, block[:, p - at].clone()) for p in wanted if at <= p < stop)
+                    initial = block[:, -1].clone()
+        call.advance(max(chosen, default=0), what)
+        if not chosen:
+            return torch.empty((shape[0], 0, *shape[1:]), device=call.expected[2])
+        return torch.stack([found[p] for p in chosen], 1)
 
     # -- writes -------------------------------------------------------------------------
 
@@ -157,8 +202,10 @@ class FromArguments(PerToken):
         if call.writes and max(call.writes) >= position:
             raise OrderError(order_hint(what, f"set_state_after({max(call.writes)}, value)"))
         read = call.strategy.get("read", {}).get(position)
-        if read is not None and position not in call.writes and torch.equal(value, read):
-            return  # writing back the state this call computes: the call already continues from it, bit for bit
+        if read is not None and position not in call.writes and not recording(value) and torch.equal(value, read):
+            # Writing back the state this call computes: the call already continues from it, bit for bit. Not under
+            # autograd: a target's .grad needs the tokens after it to read the target itself.
+            return
         call.writes[position] = value
         result = self._split_result(mixer, call)
         if not call.strategy["served"] and _covers_the_batch():
@@ -175,9 +222,10 @@ class FromArguments(PerToken):
         """What the call returns with its writes: the segments' outputs, and the final state."""
         flag = bool(call.strategy["named"].get("final") or False)
         results = [self._run_kernel(mixer, call, lo, hi, initial, flag) for lo, hi, initial in self._segments(call)]
+        axis = type(mixer).FAST.output_axis
         if not isinstance(results[-1], tuple):
-            return torch.cat(results, dim=1)  # a kernel returning its output only (no final state asked)
-        result = replace_in(tuple(results[-1]), 0, torch.cat([r[0] for r in results], dim=1))
+            return torch.cat(results, dim=axis)  # a kernel returning its output only (no final state asked)
+        result = replace_in(tuple(results[-1]), 0, torch.cat([r[0] for r in results], dim=axis))
         index = type(mixer).FINAL_STATE
         if call.seq - 1 in call.writes and result[index] is not None:
             result = replace_in(result, index, call.writes[call.seq - 1])
@@ -197,16 +245,29 @@ def _covers_the_batch() -> bool:
     return group is None or batcher is None or (group[0] == 0 and group[1] == batcher.total)
 
 
+def piece(spec: Any, arguments: dict, lo: int, hi: int, initial: Any) -> dict:
+    """Served (tokens-first) ``arguments`` restricted to tokens ``[lo, hi)``, starting from ``initial``."""
+    cut = {name: (x[:, lo:hi] if name in spec.tokens and isinstance(x, torch.Tensor) else x) for name, x in arguments.items()}
+    cut["state"] = initial
+    return cut
+
+
 def cut(table: dict, tokens: tuple, call: tuple, lo: int, hi: int, initial: Any, final: bool) -> tuple:
-    """``(args, kwargs)`` of ``call`` restricted to tokens ``[lo, hi)``, starting from ``initial``, asking for the final state."""
+    """``(args, kwargs)`` of ``call`` restricted to tokens ``[lo, hi)``, starting from ``initial``, asking for the final state.
+
+    Each token argument is sliced in its own layout (tokens first, then laid
+    back: Mamba-1's are channel-first). A kernel without an initial state
+    (no ``"state"`` in its table) runs from zeros: the caller resumes it.
+    """
     args, kwargs = call
     for name in tokens:
-        where = table[name][0]
+        where, layout = table[name]
         element = args[where] if isinstance(where, int) and where < len(args) else kwargs.get(where)
         if isinstance(element, torch.Tensor):
-            args, kwargs = replace_in((args, kwargs), where, element[:, lo:hi])
+            args, kwargs = replace_in((args, kwargs), where, layout.write(layout.read(element)[:, lo:hi], element))
     for name, value in (("state", initial), ("final", final)):
-        args, kwargs = replace_in((args, kwargs), table[name][0], value)
+        if name in table:
+            args, kwargs = replace_in((args, kwargs), table[name][0], value)
     return args, kwargs
 
 

@@ -20,14 +20,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from nnsight.intervention.interleaver import Mediator
 
 from ...core.calls import mediator, pinned
 from ...core.errors import Unavailable
 from ...core.values import check_expected
 from ..call import KERNEL_RAN, Call
 from ..gradients import fill, recording, tap
-from ..kernels import bound, drill, modeling_of, needs_torch_kernels, torch_function
+from ..kernels import bound, modeling_of, needs_torch_kernels, torch_function
 from ..settings import runs_remotely
 from .protocol import PerToken, TokenOp
 
@@ -39,6 +38,8 @@ def needs_recurrent_routing(mixer: Any) -> str | None:
     reason = needs_torch_kernels(mixer)
     if reason is not None:
         return reason
+    if not type(mixer).CHUNK_FUNCTION:
+        return None  # the token loop is the mixer's own method (RG-LRU's scan): every prompt runs it, nothing to route
     modeling = modeling_of(mixer._module)
     # Through the dispatcher or bound bare, what counts is the body a prompt runs (Mamba-1: the loop already).
     if torch_function(bound(modeling, type(mixer).CHUNK_FUNCTION)) is not mixer.loop_function():
@@ -77,7 +78,7 @@ class TokenLoop(PerToken):
         call = mixer._record()
         if "op" not in call.strategy:
             call.check_not_started("a per-token state", KERNEL_RAN)
-            source = drill(call.op)
+            source = mixer._loop_source(call.op)
             label = mixer.STEP_STATE_OP if call.decodes and mixer.STEP_STATE_OP is not None else mixer.STATE_OP
             node = getattr(source, label)
             call.strategy.update(op=node, source=source, first=mediator().occurrence(f"{node.path}.output"))
@@ -88,8 +89,7 @@ class TokenLoop(PerToken):
         return TokenOp(call.strategy["op"], call.strategy["first"], call.seq)
 
     def _pinned(self, call: Call, position: int) -> torch.Tensor:
-        with pinned(call.strategy["first"] + position):
-            return call.strategy["op"].output
+        return call.mixer._token_state(call, call.strategy["first"] + position)
 
     def _reach(self, call: Call, position: int, what: str, op: Any = None) -> None:
         call.reach(position, what, op or call.strategy["op"], call.strategy["first"])
@@ -145,13 +145,11 @@ class TokenLoop(PerToken):
     def state(self, mixer: Any) -> torch.Tensor:
         self.require_iteration(mixer)
         occurrence = mediator("`linear_attn.state`").iteration or 0
-        location = self.location(mixer)
         with pinned(None):
             call = self.record(mixer)
         # The read relaxes tracer.iter's pin: an assignment after it in the loop body means this token.
         call.strategy["iterated"] = occurrence - call.strategy["first"]
-        with pinned(occurrence or None):
-            return Mediator.value(f"{mixer.path}.{location}")
+        return mixer._token_state(call, occurrence or None)
 
     def set_state(self, mixer: Any, value: torch.Tensor) -> None:
         # One meaning on every mixer: the token tracer.iter pins is `set_state_after`'s t.

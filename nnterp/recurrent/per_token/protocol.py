@@ -6,6 +6,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ...core.calls import mediator
+from ...core.errors import Unavailable
+
 
 class TokenOp(NamedTuple):
     """``(op, first, seq)``: the state binding under this call's kernel, its first token's occurrence, the call's length."""
@@ -37,6 +40,25 @@ class PerToken:
     def state_after(self, mixer: Any, t: int) -> torch.Tensor:
         """The state after token ``t`` of this call."""
         raise NotImplementedError
+
+    def states_of(self, mixer: Any, positions: Any) -> torch.Tensor:
+        """The states after tokens ``positions`` only, ``[batch, len(positions), ...state]``, in the order given.
+
+        By default `state_after` at each distinct position in increasing order
+        (the order the run reaches them; a token loop pins only those
+        occurrences), then arranged as asked.
+        """
+        reason = self.unavailable(mixer)
+        if reason is not None:
+            raise Unavailable("linear_attn.states_of", reason)
+        mediator("`linear_attn.states_of`")
+        call = mixer._record()
+        chosen = call.positions(positions, "states_of(positions)")
+        if not chosen:
+            shape = call.expected[0]
+            return torch.empty((shape[0], 0, *shape[1:]), device=call.expected[2])
+        found = {p: self.state_after(mixer, p) for p in sorted(set(chosen))}
+        return torch.stack([found[p] for p in chosen], 1)
 
     def set_state_after(self, mixer: Any, t: int, value: torch.Tensor) -> None:
         """Make the tokens after ``t`` continue from ``value``; token ``t``'s own output stays as computed."""

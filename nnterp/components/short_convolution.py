@@ -1,0 +1,449 @@
+"""ShortConvolution: LFM2's gated short convolution (Liquid AI, 2025; the "double-gated short convolution" block).
+
+Mental model: a block projects its input into three channel vectors, ``B``
+(input gate), ``C`` (output gate) and ``x``, and convolves the gated input
+causally, channel by channel, over the last ``L`` tokens (``L = conv_width``,
+``config.conv_L_cache``, 3 on the released models):
+
+    u_t = B_t ⊙ x_t                                  (the convolution's input)
+    y_t = C_t ⊙ (Σ_{i<L} w[:, i] ⊙ u_{t-L+1+i} + b)   (w: [conv_channels, L])
+    o_t = out_proj(y_t)
+
+Its only state is the convolution window, the last ``L`` inputs
+``W_t = [u_{t-L+1}, ..., u_t]``, ``[batch, conv_channels, conv_width]`` (the
+newest last), which the cache keeps (``cache.layers[i].conv_states[0]``) and
+which a token reads as ``conv_out_t = Σ_i w[:, i] ⊙ W_t[:, i] + b``. There is
+no decay, no state matrix and no recurrence beyond the window: the state after
+token ``t`` is a function of the inputs ``u`` alone, so it is computed exactly
+from the convolution's input (the kernel call's first argument), on a prompt
+and on a decode step, with no routing.
+
+Values, in the order the forward makes them (``seq`` is this call's tokens,
+one on a decode step; ``conv_channels`` is ``hidden``):
+
+* ``input_gates`` / ``output_gates`` / ``attention_values``
+  ``[batch, seq, conv_channels]``: ``B``, ``C`` and ``x`` as the forward splits
+  them (``in_proj``'s output), read and written before the convolution runs.
+  In the effective-attention reading ``x`` is what each token writes.
+* ``conv_input`` ``[batch, seq, conv_channels]``: ``u = B ⊙ x``, as the
+  convolution kernel takes it (read-only: write the gates or ``x`` instead).
+* ``state_input`` ``[batch, conv_channels, conv_width]``: the window entering
+  the call, a copy (``None`` on a fresh prompt, which pads with zeros);
+  assign it to convolve over another window. ``state_output``: the window
+  after the call's last token. They are ``conv_state_input`` /
+  ``conv_state_output``, served under both names.
+* ``states`` ``[batch, seq, conv_channels, conv_width]``, ``state_after(t)``:
+  the window after each token; ``set_state_after(t, window)``: the tokens
+  after ``t`` convolve over ``window`` (the outputs of tokens ``t+1 ..
+  t+L-1`` are recomputed from it, token ``t``'s stays as computed; on the
+  call's last token the cache keeps it). In the model's dtype.
+* ``effective_attention`` ``[batch, conv_channels, seq, seq]``: exact, one
+  banded pattern per channel, ``A[c, t, s] = w[c, L-1-(t-s)] B_s[c]`` for
+  ``0 <= t - s < L``: the convolution kernel's output is ``Σ_s A[c, t, s]
+  x_s[c]`` plus ``state_input_readout`` (the entering window's part and the
+  bias), and ``y_t = C_t ⊙`` that (the output gate is applied after the
+  kernel, as the forward does).
+* ``attention_output`` ``[batch, seq, hidden]``: the block's output.
+
+Gradients (inside ``with loss.backward():``): ``states.grad`` is the loss's
+derivative by the window after each token as the later tokens read it (a
+zero leaf added where they read it, `nnterp.recurrent.gradients.tap`); the
+gates and ``attention_values`` have theirs (the forward consumes the served
+tensors); a `set_state_after` target gets one. ``state_after(t)`` and a
+prompt's ``state_output`` have none (computed beside the model, or only
+cached): read ``states.grad[:, t]``.
+
+Values it does not have raise `Unavailable` with the reason: ``state`` under
+``tracer.iter`` (the convolution is one ``F.conv1d`` over the call, with no
+location that occurs once per token). The convolution weights are weights
+(``mix.conv.weight``), not values.
+
+Failure mode worth knowing: the kernel's first argument on a prompt with a
+cache is the window entering the call followed by the call's inputs (or the
+inputs left-padded to ``L``), not the inputs alone; ``conv_input`` and the
+states cut it to the call's own tokens, so never index the raw
+``argument("x")`` by token position.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from nnsight.intervention.interleaver import Mediator
+from torch import Tensor
+
+from ..core.calls import forget, mediator, per_call
+from ..core.dims import BATCH, CONV_CHANNELS, CONV_WIDTH, SEQ, ConvState
+from ..core.errors import NnterpError, Unavailable
+from ..core.values import DerivedEProperty, check_expected
+from ..fast.short_conv import SHORT_CONV_ATTENTION
+from ..recurrent.arguments import CHANNELS_FIRST, SAME
+from ..recurrent.call import Call
+from ..recurrent.gradients import fill, recording, tap
+from ..recurrent.kernels import needs_torch_kernels
+from ..recurrent.labels import Label, call_label
+from .conv import conv_state_input, conv_state_output
+from .recurrent import RecurrentMixer
+
+ConvChannels = Float[Tensor, f"{BATCH} {SEQ} {CONV_CHANNELS}"]
+ConvStates = Float[Tensor, f"{BATCH} {SEQ} {CONV_CHANNELS} {CONV_WIDTH}"]
+#: ``[batch, conv_channels, seq, seq]``: one banded pattern per channel.
+ChannelAttention = Float[Tensor, f"{BATCH} {CONV_CHANNELS} {SEQ} {SEQ}"]
+
+#: Why `state` has no location under ``tracer.iter``.
+NO_TOKEN_LOCATION = (
+    "the short convolution runs over all of a call's tokens in one F.conv1d, so no location occurs once per token "
+    "for tracer.iter: read `states` or state_after(t) and write set_state_after(t, window), computed from the "
+    "convolution's input"
+)
+_NO_CACHE = (
+    "this call runs without a cache, so it keeps no convolution window: run it with use_cache=True "
+    "(the default of a trace and of generate)"
+)
+
+
+def _gate_value(index: int, description: str) -> DerivedEProperty:
+    """Element ``index`` of the forward's split ``(B, C, x)``, tokens first; a write replaces it before the convolution."""
+    return DerivedEProperty(
+        lambda envoy: envoy._gate(index),
+        assign=lambda envoy, value: envoy._assign_gate(index, value),
+        description=description,
+        annotation=ConvChannels,
+    )
+
+
+def _rows() -> slice:
+    """This invoke's rows of a buffer that holds the whole batch (the cache's window)."""
+    group = mediator().batch_group
+    return slice(None) if group is None else slice(group[0], group[0] + group[1])
+
+
+class ShortConvolution(RecurrentMixer):
+    """LFM2's gated short convolution (``layer.linear_attn``): see the module docstring for its values."""
+
+    REFERENCE = "transformers.models.lfm2.modeling_lfm2.Lfm2ShortConv"
+    CHUNK_FUNCTION = "causal_conv1d_fn"
+    RECURRENT_FUNCTION = "causal_conv1d_update"
+    #: The kernels are the convolution's own: no other convolution to route.
+    CONV_FUNCTIONS = ()
+    #: The decode kernel updates the cache's window in place, once.
+    ONE_STEP_DECODE = True
+    SEQ_ARGUMENT = "x"
+    EFFECTIVE = SHORT_CONV_ATTENTION
+    #: The call in the forward that splits ``in_proj``'s output into ``B, C, x``.
+    GATES_FUNCTION = "BCx_chunk"
+
+    #: ``causal_conv1d_fn(x, weight, bias, activation=None)``: x is ``[window; u]`` or ``u`` padded, channel-first.
+    CHUNK_ARGUMENTS = {"x": (0, CHANNELS_FIRST), "weight": (1, SAME), "bias": (2, SAME)}
+    #: ``causal_conv1d_update(x, conv_state, weight, bias)``: one token, channel-first; the window updated in place.
+    RECURRENT_ARGUMENTS = {"x": (0, CHANNELS_FIRST), "state": (1, SAME), "weight": (2, SAME), "bias": (3, SAME)}
+
+    GATES_OP = Label()
+
+    @classmethod
+    def find_labels(cls, hf_mixer: type) -> dict:
+        labels = super(ShortConvolution, cls).find_labels(hf_mixer)
+        labels["GATES_OP"] = call_label(hf_mixer.forward, cls.GATES_FUNCTION)
+        return labels
+
+    def continues_cache(self, cache: Any) -> bool:
+        # The forward's own test: a kept window, and a cache that does not record its past.
+        if cache is None:
+            return False
+        index = self._module.layer_idx
+        return cache.get_conv_state(index) is not None and not cache.is_recording_past(index)
+
+    def dims(self) -> dict[str, int]:
+        module = self._module
+        return {"conv_channels": module.conv.weight.shape[0], "conv_width": module.conv_kernel_size}
+
+    def _prompt_state_shape(self, call: Call) -> tuple:
+        return (call.args[0].shape[0], *self.dims().values())
+
+    # -- the gates and the input: the forward's split of in_proj's output ----------------
+
+    def _gates_op(self) -> Any:
+        self._call()  # instruments the forward before it runs, whatever is read first
+        return getattr(self.source, self.GATES_OP)
+
+    def _gates(self) -> tuple:
+        """``(B, C, x)`` of this call, tokens first, read once per call at the forward's split (and kept for later values)."""
+
+        def read() -> tuple:
+            op = self._gates_op()
+            split = tuple(op.output)
+            served = tuple(part.transpose(1, 2) for part in split)
+            if recording(split[0]):
+                # Under autograd the forward must consume the served tensors themselves (so their .grad is
+                # theirs alone, not the shared in_proj output's): the same values, as copies, swapped in.
+                served = tuple(part.clone() for part in served)
+                op.output = tuple(part.transpose(1, 2) for part in served)
+            return served
+
+        return per_call(self, "gates", read)
+
+    def _gate(self, index: int) -> torch.Tensor:
+        return self._gates()[index]
+
+    def _assign_gate(self, index: int, value: torch.Tensor) -> None:
+        parts = list(self._gates())
+        what = f"`linear_attn.{('input_gates', 'output_gates', 'attention_values')[index]}`"
+        self._gates_op().output  # still at the split: the write comes before the convolution
+        check_expected(what, value, tuple(parts[index].shape), parts[index].dtype, parts[index].device)
+        parts[index] = value
+        self._gates_op().output = tuple(part.transpose(1, 2) for part in parts)
+        forget(self, "gates")
+        per_call(self, "gates", lambda: tuple(parts))
+
+    input_gates = _gate_value(0, "B, the input gate (u = B * x is convolved), [batch, seq, conv_channels]; writable before the convolution")
+    output_gates = _gate_value(1, "C, the output gate (y = C * conv(u)), [batch, seq, conv_channels]; writable before the convolution")
+    attention_values = _gate_value(
+        2, "x, what each token writes into the window (gated by B), [batch, seq, conv_channels]; writable before the convolution"
+    )
+
+    # -- the kernel call and the windows it sees ---------------------------------------
+
+    def _record(self) -> Call:
+        self._gates()  # the split comes before the kernel: read it first, so later values can use it
+        call = RecurrentMixer._record(self)
+        if "extended" not in call.strategy:
+            # Once per call, while the worker waits at the kernel's start (the decode kernel updates the window in place).
+            seq, width = self._call()["seq"], self._module.conv_kernel_size
+            x = call.args[0]
+            call.strategy["fresh"] = not call.decodes and x.shape[-1] < seq + width
+            if call.decodes:
+                extended = torch.cat([call.args[1].clone(), x.to(call.args[1].dtype)], dim=-1)
+            elif x.shape[-1] < seq + width:
+                extended = F.pad(x, (seq + width - x.shape[-1], 0))  # a fresh prompt: zeros before it
+            else:
+                extended = x[..., x.shape[-1] - seq - width:]
+            call.seq = seq
+            call.strategy.update(extended=extended, versions=[(-1, extended)])
+        return call
+
+    def _extended(self, position: int | None = None) -> torch.Tensor:
+        """``[batch, conv_channels, conv_width + seq]``: the window entering the call, then the call's inputs.
+
+        The window after token ``t`` is ``extended[..., t+1 : t+1+L]``. With
+        ``position``, the version a write at or before it made.
+        """
+        versions = self._record().strategy["versions"]
+        if position is None:
+            return versions[0][1]
+        return [extended for t, extended in versions if t <= position][-1]
+
+    def _conv_input(self) -> torch.Tensor:
+        width = self._module.conv_kernel_size
+        return self._extended()[..., width:].transpose(1, 2)
+
+    GRADIENTLESS = {
+        "conv_input": "u = B * x is served for reading, sliced from the window the kernel convolves, which is built "
+        "beside it: no gradient reaches it; differentiate input_gates and attention_values, which the forward consumes",
+    }
+
+    conv_input = DerivedEProperty(
+        _conv_input,
+        description="u = B * x, the convolution's input (what the window keeps), [batch, seq, conv_channels]; read-only",
+        unavailable=needs_torch_kernels,
+        annotation=ConvChannels,
+    )
+
+    # -- the window entering and leaving the call ----------------------------------------
+
+    def _window(self, required: bool) -> torch.Tensor | None:
+        cache = self._call()["cache"]
+        if cache is None:
+            if required:
+                raise Unavailable("linear_attn.state_output", _NO_CACHE)
+            return None
+        layer = cache.layers[self._module.layer_idx]
+        return layer.conv_states[0][_rows()] if layer.has_previous_state[0] else None
+
+    def _state_input(self) -> torch.Tensor | None:
+        if self._call()["cache"] is None:
+            return None
+        window = self._window(False)
+        return window.clone() if window is not None else None
+
+    def _assign_state_input(self, value: torch.Tensor) -> None:
+        window = self._window(False)
+        if window is None:
+            raise NnterpError(
+                "`linear_attn.state_input` is None on a fresh prompt (the convolution pads with zeros): assign it on a "
+                "decode step, or use set_state_after(t, window) inside the prompt"
+            )
+        check_expected("`linear_attn.state_input`", value, tuple(window.shape), window.dtype, window.device)
+        window.copy_(value)
+
+    def _read_state_output(self) -> torch.Tensor:
+        self._call()
+        Mediator.value(f"{self.path}.output")
+        return self._window(True).clone()
+
+    def _write_state_output(self, value: torch.Tensor) -> None:
+        self._call()
+        Mediator.value(f"{self.path}.output")
+        window = self._window(True)
+        check_expected("`linear_attn.state_output`", value, tuple(window.shape), window.dtype, window.device)
+        window.copy_(value)
+
+    state_input = DerivedEProperty(
+        _state_input,
+        assign=_assign_state_input,
+        description="the convolution window entering this call, a copy (None on a fresh prompt), [batch, conv_channels, conv_width]; assign to convolve over another",
+        annotation=ConvState,
+        none_on_fresh_prompt=True,
+    )
+    state_output = DerivedEProperty(
+        _read_state_output,
+        assign=_write_state_output,
+        description="the convolution window after this call's last token, [batch, conv_channels, conv_width]",
+        annotation=ConvState,
+    )
+    conv_state_input = conv_state_input()
+    conv_state_output = conv_state_output()
+
+    # -- the window after every token, from the convolution's input -------------------
+
+    def _no_location(self) -> str:
+        return NO_TOKEN_LOCATION
+
+    def _iterated_state(self) -> torch.Tensor:
+        raise Unavailable("linear_attn.state", NO_TOKEN_LOCATION)
+
+    state = DerivedEProperty(
+        _iterated_state,
+        assign=lambda envoy, value: envoy._iterated_state(),
+        description="the window after a token under tracer.iter: unavailable (no per-token location); use states / state_after",
+        unavailable=_no_location,
+        annotation=ConvState,
+    )
+
+    def _states(self) -> torch.Tensor:
+        call = self._record()
+        if call.writes:
+            raise NnterpError("`linear_attn.states` after set_state_after in the same call: read states before the write")
+        width = self._module.conv_kernel_size
+        states = self._extended().unfold(-1, width, 1)[:, :, 1:].transpose(1, 2)  # [batch, seq, channels, L]
+        if recording() and not call.strategy.get("tapped"):
+            states = self._tap(call, states)
+        call.states_read = True
+        return states
+
+    states = DerivedEProperty(
+        _states,
+        description="the convolution window after every token of this call, [batch, seq, conv_channels, conv_width]",
+        unavailable=needs_torch_kernels,
+        annotation=ConvStates,
+    )
+
+    def state_after(self, t: int) -> torch.Tensor:
+        """The window after token ``t`` of this call, ``[batch, conv_channels, conv_width]`` (negative ``t`` from the end)."""
+        what = f"state_after({t})"
+        self._check(what)
+        call = self._record()
+        position = call.position(t, what)
+        width = self._module.conv_kernel_size
+        window = self._extended(position)[..., position + 1: position + 1 + width]
+        call.advance(position, what)
+        return window
+
+    def set_state_after(self, t: int, value: torch.Tensor) -> None:
+        """The tokens after ``t`` convolve over ``value``, ``[batch, conv_channels, conv_width]``; token ``t`` keeps its output.
+
+        The outputs of tokens ``t+1 .. t+L-1`` of this call are recomputed from
+        the written window (later tokens no longer read it), and the cache keeps
+        the window after the call's last token, so a write on the last token
+        is what the next call starts from. Writes in one call come in
+        increasing positions, after any `states` read.
+        """
+        what = f"set_state_after({t}, value)"
+        self._check(what)
+        call = self._record()
+        position = call.position(t, what)
+        width = self._module.conv_kernel_size
+        extended = self._extended(position).clone()
+        check_expected(what, value, (extended.shape[0], extended.shape[1], width), extended.dtype, extended.device)
+        call.check_write(position, what)
+        extended[..., position + 1: position + 1 + width] = value
+        call.writes[position] = value
+        call.strategy["versions"].append((position, extended))
+        call.advance(position, what)
+        # Tokens t+1 .. t+L-1 read the written window: recompute their outputs from it.
+        output = call.strategy.get("output")
+        if output is None:
+            output = call.op.output
+        stop = min(call.seq, position + width)
+        if stop > position + 1:
+            weight, bias = self._module.conv.weight.squeeze(1), self._module.conv.bias
+            piece = F.conv1d(extended[..., position + 2: stop + width].to(weight.dtype), weight.unsqueeze(1), bias, groups=weight.shape[0])
+            output = output.clone()
+            start = output.shape[-1] - call.seq
+            output[..., start + position + 1: start + stop] = piece.to(output.dtype)
+            Mediator.swap(f"{call.op.path}.output", output)
+        call.strategy["output"] = output
+        window = self._window(False) if self._call()["cache"] is not None else None
+        if window is not None:
+            window.copy_(extended[..., -width:])
+
+    def _check(self, what: str) -> None:
+        reason = needs_torch_kernels(self)
+        if reason is not None:
+            raise Unavailable(f"linear_attn.{what}", reason)
+        mediator(f"`linear_attn.{what}`")
+
+    # -- gradients: the states as the later tokens read them ---------------------------
+
+    def _tap(self, call: Call, states: torch.Tensor) -> torch.Tensor:
+        """``states`` as a zero leaf added where each later token reads its window, filled with the states.
+
+        Token ``t+k`` (``0 < k < L``) reads entries ``k .. L-1`` of the window
+        after ``t`` at taps ``0 .. L-1-k``; adding the leaf's entries there adds
+        exact zeros, and its gradient at ``t`` is the loss's derivative by the
+        window after ``t`` as the tokens after ``t`` read it (the quantity a
+        write at ``t`` moves).
+        """
+        leaf = tap(tuple(states.shape), states)
+        weight = self._module.conv.weight.squeeze(1)  # [channels, L]
+        width = weight.shape[1]
+        extra = torch.zeros(states.shape[:3], dtype=states.dtype, device=states.device)  # [batch, seq, channels]
+        for k in range(1, min(width, call.seq)):
+            # The weight detached: the product must not keep the leaf for backward, since it is filled in place.
+            reads = (leaf[:, : call.seq - k, :, k:] * weight[:, : width - k].detach()).sum(-1)
+            extra = extra + F.pad(reads, (0, 0, k, 0))
+        output = call.op.output
+        start = output.shape[-1] - call.seq
+        added = torch.cat([output[..., :start], output[..., start:] + extra.transpose(1, 2).to(output.dtype)], dim=-1)
+        Mediator.swap(f"{call.op.path}.output", added)
+        call.strategy.update(tapped=True, output=added)
+        return fill(leaf, states.detach())
+
+    # -- effective attention: from the gates and the entering window -----------------
+
+    def _effective(self, positions: Any, selection: Any, coefficients: bool) -> tuple:
+        B = self._gate(0)
+        call = self._record()
+        entering = self._extended()[..., : self._module.conv_kernel_size]
+        served = {
+            "B": B, "weight": self._module.conv.weight.squeeze(1), "bias": self._module.conv.bias,
+            "window": None if call.strategy["fresh"] else entering,
+        }
+        return SHORT_CONV_ATTENTION.compute(served, positions, selection, coefficients)
+
+    effective_attention = RecurrentMixer.effective_attention.variant(
+        "the exact effective attention per channel A[c, t, s] = w[c, L-1-(t-s)] B_s[c] (0 <= t-s < L): the "
+        "convolution's output at t is sum_s A[c, t, s] * attention_values[s, c] (+ state_input_readout), and the "
+        "block's y_t = output_gates[t] * that; "
+        "[batch, conv_channels, seq, seq], float32; 4*batch*conv_channels*seq^2 bytes "
+        "(effective_attention_of(positions=..., channels=...) keeps it bounded)",
+        ChannelAttention,
+    )
+    state_input_readout = RecurrentMixer.state_input_readout.variant(
+        "the part of the convolution's output read from the window entering the call (and the conv bias, where there "
+        "is one), "
+        "[batch, seq, conv_channels]; None on a fresh prompt",
+        ConvChannels,
+    )

@@ -1,0 +1,169 @@
+"""The state after every token of Mamba-1's selective scan, vectorized over chunks of tokens.
+
+Mental model. Every inner channel ``d`` keeps a state vector of ``n``
+numbers; each token decays it entry by entry and writes one outer product:
+
+    Δ_t = softplus(dt_t + dt_bias)                       [channels]
+    h_t = exp(Δ_t A) ⊙ h_{t-1} + (Δ_t x_t) ⊗ B_t          h: [channels, state_size]
+
+A is constant over time, so over a run of tokens the decays multiply to
+``exp(A ⊙ Σ Δ_j)``: with ``S_i = Δ_1 + … + Δ_i`` counted from a run's
+start, the state after its token ``i`` is ``local_i + exp(A ⊙ S_i) ⊙ h_start``,
+where ``local_i`` is the run's own recurrence from zeros. So, for chunks of
+``L`` tokens (`selective_scan_states`):
+
+1. ``local`` for every chunk at once: a loop over the ``L`` positions of a
+   chunk, each step vectorized over all chunks (the kernel's own update,
+   ``exp(Δ A) ⊙ h + (Δ B) x``);
+2. the state entering each chunk: a loop over chunks on one state each;
+3. ``exp(A ⊙ S_i) ⊙ h_start`` added to every token of every chunk: a loop
+   over the ``L`` positions again.
+
+About ``2L + seq / L`` vectorized steps (``L`` ≈ √seq), each on ``seq / L``
+states, written in place into the output; no temporary is larger than that.
+
+Numerics: every exponent is ``Δ·A`` or ``A ⊙ S_i`` with ``A < 0`` and ``Δ,
+S ≥ 0``, never positive; float32 throughout, Δ computed in ``dt``'s own
+dtype as the kernel computes it (`nnterp.fast.step`). The states equal the
+kernel's token loop within float32 rounding.
+
+transformers' prompt kernel (``mamba_selective_scan``) has no initial state:
+it always starts from zeros. `selective_scan_readout` is what a start state
+``h_0`` adds to its result, ``silu(z_t) ⊙ Σ_n C_t[n] exp(A ⊙ S_t) h_0`` on the
+output and ``exp(A ⊙ S_last) h_0`` on the final state (the recurrence is
+linear in ``h_0``), which is how a kernel call is continued from a written state.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .buffers import empty_states
+from .scan import differentiable
+from .step import step_size
+
+#: The most tokens per chunk (`selective_scan_states` uses about √seq).
+MAX_CHUNK = 64
+#: Tokens whose readout `selective_scan_readout` computes at once (bounds its temporaries).
+READOUT_BLOCK = 64
+
+
+def selective_scan_states(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = True,
+    initial_state: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """The state after every token of a Mamba-1 mixer, from its scan's arguments (tokens first).
+
+    Args:
+        x: ``[batch, seq, channels]``, the scan's input (after the convolution).
+        dt: ``[batch, seq, channels]``, the time step before bias and softplus.
+        A: ``[channels, state_size]`` (negative: ``-exp(A_log)``).
+        B: ``[batch, seq, state_size]``.
+        dt_bias: ``[channels]`` or ``None``; dt_softplus: apply softplus to ``dt + dt_bias``.
+        initial_state: ``[batch, channels, state_size]`` or ``None`` (zeros, as the kernel).
+        out: a float32 ``[batch, seq, channels, state_size]`` buffer to write into.
+        chunk_size: tokens per chunk (``L``; about √seq by default).
+
+    Returns:
+        ``states [batch, seq, channels, state_size]``, float32; ``[:, -1]`` is the kernel's final state.
+    """
+    batch, seq, channels = x.shape
+    size = A.shape[-1]
+    shape = (batch, seq, channels, size)
+    if out is None:
+        out = empty_states(shape, x.device)
+    elif tuple(out.shape) != shape or out.dtype != torch.float32:
+        raise ValueError(f"out must be float32 {shape}, got {out.dtype} {tuple(out.shape)}")
+    if seq == 0:
+        return out
+    length = chunk_size or min(MAX_CHUNK, math.isqrt(seq - 1) + 1)
+    chunks = -(-seq // length)
+    graph = differentiable(x, dt, A, B, dt_bias, initial_state)
+    A = A.float()
+    step = step_size(dt, dt_bias, dt_softplus).float()  # Δ, [b, seq, d]
+    # 1. Every chunk from zeros. local[i]: the states at positions i, i + L, ... ([b, chunks having i, d, n]),
+    # views of out (new tensors under autograd, which out= and in-place reuse would break).
+    local: list = []
+    for i in range(min(length, seq)):
+        at = slice(i, seq, length)
+        s = step[:, at, :, None]
+        state = (s * B[:, at, None, :].float()) * x[:, at, :, None].float()  # (Δ B) x, the kernel's order
+        if i:
+            state = torch.exp(A * s) * local[i - 1][:, : s.shape[1]] + state
+        if not graph:
+            out[:, at] = state
+            state = out[:, at]
+        local.append(state)
+    # 2. The state entering each chunk. S: Δ summed from each chunk's start, [b, seq, d].
+    pad = chunks * length - seq
+    total = F.pad(step, (0, 0, 0, pad)).view(batch, chunks, length, channels).cumsum(2).view(batch, -1, channels)[:, :seq]
+    start = None if initial_state is None else initial_state.to(device=x.device, dtype=torch.float32)
+    entering = []
+    for c in range(chunks):
+        entering.append(start)
+        end = min(seq, (c + 1) * length) - 1
+        last = local[end - c * length][:, c]
+        start = last.clone() if start is None else last + torch.exp(A * total[:, end, :, None]) * start
+    # 3. What each chunk's entering state adds to its tokens.
+    first = 0 if initial_state is not None else 1
+    if chunks > first:
+        entering = torch.stack(entering[first:], 1)  # [b, chunks - first, d, n]
+        for i in range(min(length, seq)):
+            at = slice(i + first * length, seq, length)
+            carried = torch.exp(A * total[:, at, :, None]) * entering[:, : total[:, at].shape[1]]
+            if graph:
+                local[i] = torch.cat([local[i][:, :first], local[i][:, first:] + carried], 1)
+            else:
+                local[i][:, first:] += carried
+    if graph:
+        for i, state in enumerate(local):
+            out[:, i::length] = state
+    return out
+
+
+def selective_scan_readout(
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    C: torch.Tensor,
+    start: torch.Tensor,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a start state ``h_0`` adds to a Mamba-1 scan that started from zeros instead (tokens first).
+
+    The recurrence is linear in ``h_0``: the state after token ``t`` gains
+    ``exp(A ⊙ S_t) ⊙ h_0`` (``S_t = Δ_1 + … + Δ_t``), so the output gains
+    ``silu(z_t) ⊙ Σ_n C_t[n] exp(A ⊙ S_t)[:, n] h_0[:, n]``.
+
+    Args:
+        dt: ``[batch, seq, channels]``; A: ``[channels, state_size]``;
+        C: ``[batch, seq, state_size]``; start: ``[batch, channels, state_size]``;
+        z: ``[batch, seq, channels]`` (the gate) or ``None``; dt_bias, dt_softplus: as the kernel's.
+
+    Returns:
+        ``(readout [batch, seq, channels], decayed [batch, channels, state_size])``,
+        float32: what the output and the final state gain.
+    """
+    A = A.float()
+    start = start.float()
+    total = step_size(dt, dt_bias, dt_softplus).float().cumsum(1)  # S_t, [b, seq, d]
+    pieces = []
+    for lo in range(0, total.shape[1], READOUT_BLOCK):
+        hi = min(total.shape[1], lo + READOUT_BLOCK)
+        carried = torch.exp(A * total[:, lo:hi, :, None]) * start[:, None]  # [b, k, d, n]
+        pieces.append((carried @ C[:, lo:hi, :, None].float()).squeeze(-1))
+    readout = torch.cat(pieces, 1) if pieces else total.new_zeros(total.shape)
+    if z is not None:
+        readout = readout * F.silu(z.float())
+    return readout, torch.exp(A * total[:, -1, :, None]) * start

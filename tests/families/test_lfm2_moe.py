@@ -1,0 +1,35 @@
+"""LFM2-MoE: the gated short convolution suite, and its dense-then-sparse feed-forward blocks."""
+
+import torch
+
+from nnterp import Unavailable
+from tests.suites.checkpoint import PROMPT
+from tests.suites.short_convolution import ShortConvolutionSuite
+
+
+class TestLfm2Moe(ShortConvolutionSuite):
+    MODEL_TYPE = "lfm2_moe"
+
+    def test_the_first_blocks_are_dense_and_the_rest_sparse(self, model, plain, ids):
+        dense = model._module.config.num_dense_layers
+        assert 0 < dense < len(model.layers)
+        support = model.support()["mlp.router_logits"]
+        for index, layer in enumerate(model.layers):
+            reason = support if isinstance(support, str) or support is None else support[index]
+            assert (reason is None) == (index >= dense), f"layer {index}"
+        with torch.no_grad():
+            expected = plain(ids, output_router_logits=True).router_logits
+        logits = []
+        with torch.no_grad(), model.trace(PROMPT):
+            for i in range(dense, len(model.layers)):
+                logits.append(model.layers[i].mlp.router_logits.save())
+        assert len(logits) == len(expected), "transformers returns the sparse blocks' router logits only"
+        for got, want in zip(logits, expected):
+            torch.testing.assert_close(got.reshape(want.shape), want, rtol=1e-5, atol=1e-6)
+        try:
+            with torch.no_grad(), model.trace(PROMPT):
+                model.layers[0].mlp.router_logits
+        except Unavailable as error:
+            assert "dense" in error.reason
+        else:
+            raise AssertionError("a dense block has no router")

@@ -1,0 +1,132 @@
+"""`nnterp.fast.selective` (Mamba-1's fast path) against the reference token loop and transformers' kernel.
+
+The oracles: ``tests/reference/recurrences.selective_scan`` (one plain loop
+per token, from the equations, with an initial state) and transformers'
+``mamba_selective_scan`` (its pure-torch loop: its final state and output).
+Lengths that do not fill a chunk, an initial state, decays that underflow,
+and `selective_scan_readout`: a run from zeros plus what a start state adds
+equals a run from that state (how a write splits a kernel that takes none).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers.models.mamba.modeling_mamba as mamba_modeling
+
+from nnterp.fast import SCAN, selective_scan_readout, selective_scan_states
+from nnterp.recurrent.kernels import torch_function
+from tests.reference.recurrences import selective_scan
+
+LENGTHS = [1, 2, 3, 13, 64, 65, 200]
+
+
+def close(actual, expected, what, atol=1e-5):
+    # float32: ~1e-5 relative to the largest entry.
+    scale = expected.abs().max().clamp(min=1.0)
+    torch.testing.assert_close(actual / scale, expected / scale, rtol=0, atol=atol, msg=what)
+
+
+def inputs(seq, *, batch=2, channels=6, size=4, seed=0, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed + seq)
+    x, dt, z = (torch.randn(batch, seq, channels, generator=gen) for _ in range(3))
+    A = -3.0 * torch.rand(channels, size, generator=gen)
+    B, C = (torch.randn(batch, seq, size, generator=gen) for _ in range(2))
+    bias, D = torch.randn(channels, generator=gen), torch.randn(channels, generator=gen)
+    initial = torch.randn(batch, channels, size, generator=gen)
+    x, dt, z, B, C = (t.to(dtype) for t in (x, dt, z, B, C))
+    return x, dt, A, B, C, D, z, bias, initial
+
+
+def kernel(x, dt, A, B, C, D, z, bias):
+    """transformers' prompt kernel, tokens-first in and out: ``(y [b, seq, d], final [b, d, n])``."""
+    scan = torch_function(mamba_modeling.mamba_selective_scan)
+    y, final = scan(x.transpose(1, 2), dt.transpose(1, 2), A, B.transpose(1, 2), C.transpose(1, 2), D=D,
+                    z=z.transpose(1, 2), delta_bias=bias, delta_softplus=True, return_last_state=True)
+    return y.transpose(1, 2), final
+
+
+@pytest.mark.parametrize("seq", LENGTHS)
+@pytest.mark.parametrize("with_initial", [False, True])
+def test_states_equal_the_token_loop(seq, with_initial):
+    x, dt, A, B, C, D, z, bias, initial = inputs(seq)
+    initial = initial if with_initial else None
+    _, expected = selective_scan(x, dt, A, B, C, D, z, bias, True, initial)
+    states = selective_scan_states(x, dt, A, B, bias, True, initial)
+    assert states.shape == (2, seq, 6, 4) and states.dtype == torch.float32
+    close(states, expected, "states")
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 7, 64, 300])
+def test_chunk_sizes_agree(chunk_size):
+    x, dt, A, B, C, D, z, bias, initial = inputs(70)
+    reference = selective_scan_states(x, dt, A, B, bias, True, initial)
+    close(selective_scan_states(x, dt, A, B, bias, True, initial, chunk_size=chunk_size), reference, f"chunk_size={chunk_size}")
+
+
+@pytest.mark.parametrize("seq", [3, 65, 200])
+def test_final_state_equals_transformers_kernel_after_each_prefix(seq):
+    x, dt, A, B, C, D, z, bias, _ = inputs(seq)
+    states = selective_scan_states(x, dt, A, B, bias, True)
+    for t in sorted({0, seq // 2, seq - 1}):
+        _, prefix = kernel(x[:, : t + 1], dt[:, : t + 1], A, B[:, : t + 1], C[:, : t + 1], D, z[:, : t + 1], bias)
+        close(states[:, t], prefix, f"state after token {t}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_in_a_half_precision_model_the_step_is_rounded_as_the_kernel_rounds_it(dtype):
+    x, dt, A, B, C, D, z, bias, _ = inputs(40, dtype=dtype)
+    bias = bias.float()  # the mixer passes dt_proj.bias.float(); dt stays in the model's dtype
+    _, final = kernel(x, dt, A, B, C, D, z, bias)
+    close(selective_scan_states(x, dt, A, B, bias, True)[:, -1], final, "final state")
+
+
+def test_strong_decays_underflow_to_zero_without_nans():
+    x, dt, A, B, C, D, z, bias, initial = inputs(130)
+    A = A * 1e4
+    _, expected = selective_scan(x, dt, A, B, C, D, z, bias, True, initial)
+    states = selective_scan_states(x, dt, A, B, bias, True, initial)
+    assert torch.isfinite(states).all()
+    close(states, expected, "states")
+
+
+@pytest.mark.parametrize("seq", [1, 5, 65, 150])
+def test_a_run_from_zeros_plus_the_readout_is_a_run_from_the_start_state(seq):
+    x, dt, A, B, C, D, z, bias, initial = inputs(seq)
+    y, final = kernel(x, dt, A, B, C, D, z, bias)
+    readout, decayed = selective_scan_readout(dt, A, C, initial, z, bias, True)
+    expected_y, expected_states = selective_scan(x, dt, A, B, C, D, z, bias, True, initial)
+    close(y + readout, expected_y, "output")
+    close(final + decayed, expected_states[:, -1], "final state")
+    # The spec's resume does the same on the kernel's own (channel-first) return.
+    served = {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": bias, "dt_softplus": True}
+    scan = torch_function(mamba_modeling.mamba_selective_scan)
+    raw = scan(x.transpose(1, 2), dt.transpose(1, 2), A, B.transpose(1, 2), C.transpose(1, 2), D=D, z=z.transpose(1, 2),
+               delta_bias=bias, delta_softplus=True, return_last_state=True)
+    resumed = SCAN.resume(served, initial, raw)
+    close(resumed[0].transpose(1, 2), expected_y, "resumed output")
+    close(resumed[1], expected_states[:, -1], "resumed final state")
+    alone = SCAN.resume(served, initial, raw[0])
+    assert torch.equal(alone, resumed[0]), "a kernel returning its output only is resumed alike"
+
+
+def test_under_autograd_the_same_states_and_a_gradient_to_the_arguments():
+    x, dt, A, B, C, D, z, bias, initial = inputs(50)
+    plain = selective_scan_states(x, dt, A, B, bias, True, initial)
+    x = x.clone().requires_grad_(True)
+    states = selective_scan_states(x, dt, A, B, bias, True, initial, out=torch.empty(plain.shape))
+    close(states.detach(), plain, "states under autograd")
+    (grad,) = torch.autograd.grad(states[:, -1].sum(), x)
+    x_loop = x.detach().clone().requires_grad_(True)
+    _, loop = selective_scan(x_loop, dt, A, B, C, D, z, bias, True, initial)
+    (expected,) = torch.autograd.grad(loop[:, -1].sum(), x_loop)
+    close(grad, expected, "gradient of the final state by x")
+
+
+def test_out_buffer_is_written_in_place_and_checked():
+    x, dt, A, B, C, D, z, bias, initial = inputs(20)
+    out = torch.full((2, 20, 6, 4), float("nan"))
+    assert selective_scan_states(x, dt, A, B, bias, True, initial, out=out) is out
+    assert torch.isfinite(out).all()
+    with pytest.raises(ValueError, match="out must be float32"):
+        selective_scan_states(x, dt, A, B, bias, True, initial, out=torch.empty(2, 20, 6, 5))

@@ -1,0 +1,182 @@
+"""``linear_attn.states_of(positions)``: the states after the named tokens only, on every recurrent kind and strategy.
+
+Oracle: ``states[:, positions]`` from the same strategy (every strategy's
+``states`` is itself checked against transformers' cache elsewhere). The
+order rules are `state_after`'s; on the fast path, a probe on the buffers
+the strategy allocates and on the tokens its spec is given shows that memory
+and work follow the selection, not the prompt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import nnterp
+from nnterp import OrderError
+from nnterp.core.errors import PositionError, WrongType
+from nnterp.families import families
+from nnterp.recurrent.gradients import VIEW_MARK
+from nnterp.recurrent.per_token import from_arguments
+from nnterp.recurrent.per_token.from_arguments import FromArguments
+
+#: The first family of each recurrent mixer (gated DeltaNet, Kimi, Mamba-1, Mamba-2).
+KINDS = tuple(sorted({f.MIXER: f.NAME for f in reversed(families()) if f.MIXER}.values()))
+SETTINGS = ("own", "fast")
+PROMPT = "The quick brown fox jumps over the lazy dog, again and again"
+#: Selections: one token, repeats and negatives out of order, a range, a tensor.
+SELECTIONS = ([0], [3, -1, 1, 3], range(2, 6), torch.tensor([5, 0]))
+
+
+def setting(model, name):
+    """The model's own per-token strategy (routed kernels; chunk_per_token on Mamba-2), or the fast path."""
+    if name == "fast":
+        return nnterp.fast_states(model)
+    if model.family.MIXER.CHUNKED_SCAN:
+        return nnterp.chunk_per_token(model)
+    return nnterp.route_kernels(model.family, "torch")
+
+
+def first_mixer(model):
+    return next(layer.linear_attn for layer in model.layers if getattr(layer, "linear_attn", None) is not None)
+
+
+def ids_of(model):
+    return model.tokenizer(PROMPT, return_tensors="pt").input_ids
+
+
+def as_list(selection, seq):
+    return [p % seq for p in (selection.tolist() if isinstance(selection, torch.Tensor) else selection)]
+
+
+def close(actual, expected):
+    # The fast path computes a selection a block at a time: float32 rounding of the largest entry at most.
+    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-6 * max(1.0, expected.abs().max().item()))
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def model(request, load):
+    return load(request.param)
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+def test_states_of_is_states_at_those_positions(model, name, monkeypatch):
+    monkeypatch.setattr(from_arguments, "SELECTION_BLOCK", 4)  # several blocks on a short prompt
+    ids, mix = ids_of(model), first_mixer(model)
+    seq = ids.shape[1]
+    with setting(model, name):
+        with torch.no_grad(), model.trace(ids):
+            states = mix.states.save()
+        for selection in SELECTIONS:
+            with torch.no_grad(), model.trace(ids):
+                got = mix.states_of(selection).save()
+            positions = as_list(selection, seq)
+            assert got.shape == (states.shape[0], len(positions), *states.shape[2:]) and got.dtype == torch.float32
+            close(got, states[:, positions])
+        with torch.no_grad(), model.trace(ids):
+            empty = mix.states_of([]).save()
+    assert empty.shape == (states.shape[0], 0, *states.shape[2:])
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+def test_the_order_rules_are_state_afters(model, name):
+    ids, mix = ids_of(model), first_mixer(model)
+    with setting(model, name):
+        # A write at an earlier position after the selection reached a later one.
+        with pytest.raises(OrderError, match="was asked for after"), torch.no_grad(), model.trace(ids):
+            mix.states_of([1, 5])
+            mix.set_state_after(3, torch.zeros(mix.state_output.shape))
+        # After the kernel returned: refused where state_after is (the token loop, the boundaries), read where it is
+        # not (the fast path reads the call's arguments, kept from before the kernel ran).
+        outcomes = []
+        for read in (lambda: mix.state_after(2), lambda: mix.states_of([2])):
+            try:
+                with torch.no_grad(), model.trace(ids):
+                    mix.state_output.save()
+                    read().save()
+                outcomes.append(None)
+            except OrderError:
+                outcomes.append(OrderError)
+        assert outcomes[0] is outcomes[1], outcomes
+        assert outcomes[0] is (None if name == "fast" else OrderError)
+        with pytest.raises(PositionError, match="outside this call"), model.trace(ids):
+            mix.states_of([0, ids.shape[1]])
+        with pytest.raises(WrongType, match="sequence of token positions"), model.trace(ids):
+            mix.states_of(2)
+
+
+def test_on_the_fast_path_reads_around_a_write_see_it(model, monkeypatch):
+    monkeypatch.setattr(from_arguments, "SELECTION_BLOCK", 3)
+    ids, mix = ids_of(model), first_mixer(model)
+    with nnterp.fast_states(model):
+        with torch.no_grad(), model.trace(ids):
+            clean = mix.state_after(3).save()
+        value = 2.0 * clean
+        with torch.no_grad(), model.trace(ids):
+            mix.set_state_after(3, value)
+            got = mix.states_of([1, 3, 4, 9]).save()
+            states = mix.states.save()
+    assert torch.equal(got[:, 1], value)
+    close(got, states[:, [1, 3, 4, 9]])
+
+
+def test_on_the_fast_path_memory_and_work_follow_the_selection(model, monkeypatch):
+    block = 4
+    monkeypatch.setattr(from_arguments, "SELECTION_BLOCK", block)
+    ids, mix = ids_of(model), first_mixer(model)
+    buffers, tokens = [], []
+    allocate = FromArguments._buffer
+
+    def probe(self, shape, device, differentiable):
+        buffers.append(tuple(shape))
+        return allocate(self, shape, device, differentiable)
+
+    spec = type(mix).FAST
+
+    def compute(arguments, out):
+        tokens.append(arguments[spec.tokens[0]].shape[1])
+        return spec.compute(arguments, out)
+
+    monkeypatch.setattr(FromArguments, "_buffer", probe)
+    monkeypatch.setattr(type(mix), "FAST", dataclasses.replace(spec, compute=compute))
+    with nnterp.fast_states(model):
+        with torch.no_grad(), model.trace(ids):
+            states = mix.states.save()
+        assert buffers == [tuple(states.shape)] and sum(tokens) == ids.shape[1], "states: one [batch, seq, ...] buffer"
+        buffers.clear()
+        tokens.clear()
+        with torch.no_grad(), model.trace(ids):
+            got = mix.states_of([2, 6]).save()
+    batch, state = states.shape[0], tuple(states.shape[2:])
+    assert buffers == [(batch, block, *state)], "one block-sized buffer, reused"
+    assert sum(tokens) == 7 and max(tokens) <= block, "tokens up to the last selected one, a block at a time"
+    close(got, states[:, [2, 6]])
+
+
+def test_on_a_decode_step_the_only_position_is_the_new_state(model):
+    mix = first_mixer(model)
+    ids = ids_of(model)
+    with nnterp.fast_states(model), torch.no_grad(), model.generate(ids, max_new_tokens=2, do_sample=False) as tracer:
+        for _ in tracer.iter[1]:
+            got = mix.states_of([0, -1]).save()
+            new = mix.state_output.save()
+    assert torch.equal(got, torch.stack([new, new], 1))
+
+
+
+def test_on_the_fast_path_under_autograd_a_function_of_the_arguments(model, monkeypatch):
+    monkeypatch.setattr(from_arguments, "SELECTION_BLOCK", 4)
+    ids, mix = ids_of(model), first_mixer(model)
+    with nnterp.fast_states(model), model.trace(ids):
+        value = mix.attention_values.save()
+        states = mix.states.save()
+        got = mix.states_of([6, 2]).save()
+    close(got.detach(), states.detach()[:, [6, 2]])
+    weights = torch.randn(got.shape, generator=torch.Generator().manual_seed(0))
+    # Mamba-1's kernel holds x channel-first: the served value is a view of it.
+    held = value._base if getattr(value, VIEW_MARK, False) else value
+    (expected,) = torch.autograd.grad((states[:, [6, 2]] * weights).sum(), held, retain_graph=True)
+    (grad,) = torch.autograd.grad((got * weights).sum(), held)
+    torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-6 * max(1.0, expected.abs().max().item()))

@@ -1,0 +1,245 @@
+"""`RGLRUSuite`: the tests every RG-LRU family passes, against oracles that do not use nnterp.
+
+A family's test file mixes it in and names its checkpoint and recurrent layers::
+
+    class TestRecurrentGemma(RGLRUSuite):
+        MODEL_TYPE = "recurrent_gemma"
+
+The oracles (tests/reference/rg_lru.py): the state a plain model keeps on its
+module after a forward over each prefix; a plain forward continued token by
+token after the module's state was replaced; a plain greedy loop with the
+state (or the convolution window) replaced before a decode step; the RG-LRU
+written from the paper's equation, reproducing the states from the values
+nnterp serves.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from nnterp import NnterpError, NotInTrace, OrderError, ReadOnlyValue
+from tests.reference import rg_lru as ref
+from tests.suites.checkpoint import CheckpointFixtures
+
+TOL = dict(rtol=1e-4, atol=2e-5)
+
+
+class RGLRUSuite(CheckpointFixtures):
+    """Tests of an RG-LRU mixer (`RGLRU`): set ``MODEL_TYPE``; ``LAYERS`` are two recurrent blocks."""
+
+    LAYERS = (0, 1)
+
+    def test_labels_are_resolved_from_the_scan_method(self, model):
+        mix = model.layers[self.LAYERS[0]].linear_attn
+        assert mix.SCAN_KERNEL == "self__rnn_scan_0" and mix.STATE_OP == "recurrent_states_2"
+        assert (mix.INPUT_GATE, mix.RECURRENCE_GATE, mix.LOG_DECAY) == ("input_gate_0", "recurrent_gate_0", "log_recurrent_gate_0")
+        assert model.support()["linear_attn.states"] is None, "no routing needed: the scan is pure torch"
+
+    # -- the state after every token ---------------------------------------------
+
+    def test_states_equal_the_module_state_after_each_prefix(self, model, plain, ids):
+        for layer in self.LAYERS:
+            mix = model.layers[layer].linear_attn
+            with torch.no_grad(), model.trace(ids):
+                states = mix.states.save()
+                final = mix.state_output.save()
+            torch.testing.assert_close(states, ref.prefix_states(plain, ids, layer), **TOL, msg=f"layer {layer}")
+            assert torch.equal(states[:, -1], final)
+
+    def test_state_iterates_over_tokens_with_tracer_iter(self, model, ids):
+        mix = model.layers[self.LAYERS[0]].linear_attn
+        collected = []
+        with torch.no_grad(), model.trace(ids) as tracer:
+            for t in tracer.iter[: ids.shape[1]]:
+                collected.append(mix.state.save())
+        with torch.no_grad(), model.trace(ids):
+            states = mix.states.save()
+        with torch.no_grad(), model.trace(ids):
+            middle = mix.state_after(3).save()
+        assert torch.equal(torch.stack(collected, 1), states) and torch.equal(middle, states[:, 3])
+
+    def test_values_reproduce_states_through_the_paper_recurrence(self, model, ids):
+        layer = self.LAYERS[1]
+        mix = model.layers[layer].linear_attn
+        lru = mix._module.rg_lru
+        entering = []  # a None bound inside the trace would not survive it
+        with torch.no_grad(), model.trace(ids):
+            x = mix.lru_input.save()
+            i, r, log_a = mix.input_gate.save(), mix.recurrence_gate.save(), mix.decays.save()
+            a, u = mix.recurrent_gate.save(), mix.attention_values.save()
+            entering.append(mix.state_input)
+            states = mix.states.save()
+        expected, g = ref.rg_lru(x, lru, torch.arange(ids.shape[1])[None])
+        assert entering == [None], "a prompt starts at position 0, which resets the state"
+        for name, got, want in (("i", i, g["i"]), ("r", r, g["r"]), ("log a", log_a, g["log_a"]), ("a", a, g["a"]), ("u", u, g["u"])):
+            torch.testing.assert_close(got, want, **TOL, msg=name)
+        torch.testing.assert_close(states, expected, **TOL, msg="states")
+        torch.testing.assert_close(states, ref.scan(u, a, torch.zeros_like(u, dtype=torch.bool)[..., :1] | (torch.arange(u.shape[1]) == 0)[None, :, None]), rtol=0, atol=1e-6)
+
+    def test_a_written_input_gate_reaches_the_states(self, model, ids):
+        mix = model.layers[self.LAYERS[0]].linear_attn
+        lru = mix._module.rg_lru
+        with torch.no_grad(), model.trace(ids):
+            x = mix.lru_input.save()
+            mix.input_gate = torch.zeros_like(mix.input_gate)
+            mix.recurrent_gate = mix.recurrent_gate * 0 + 0.5
+            states = mix.states.save()
+        assert torch.count_nonzero(states) == 0, "no input written"
+        with torch.no_grad(), model.trace(ids):
+            mix.lru_input = x * 2
+            u = mix.attention_values.save()
+        _, g = ref.rg_lru(x * 2, lru, torch.arange(ids.shape[1])[None])
+        torch.testing.assert_close(u, g["u"], **TOL)
+
+    def test_effective_attention_reproduces_the_scan_output(self, model, ids):
+        mix = model.layers[self.LAYERS[0]].linear_attn
+        with torch.no_grad(), model.trace(ids):
+            u = mix.attention_values.save()
+            A = mix.effective_attention.save()
+            rows = mix.effective_attention_of(positions=[2, -1], channels=[5]).save()
+            out = getattr(mix._lru().source, mix.SCAN_KERNEL).output[0].save()
+        torch.testing.assert_close(torch.einsum("bcts,bsc->btc", A, u.float()), out, rtol=0, atol=1e-5)
+        assert torch.equal(rows[:, 0], A[:, 5, [2, ids.shape[1] - 1]])
+        assert torch.equal(torch.triu(A, 1), torch.zeros_like(A)), "causal"
+
+    # -- writing the state inside a prompt ---------------------------------------
+
+    @pytest.mark.parametrize("T", [2, 5])
+    def test_set_state_after_continues_as_hf_from_a_replaced_state(self, model, plain, ids, T):
+        layer = self.LAYERS[1]
+        donor = ref.prefix_states(plain, model.tokenizer("A completely different prompt here", return_tensors="pt").input_ids, layer)[:, -1]
+        mix = model.layers[layer].linear_attn
+        with torch.no_grad(), model.trace(ids):
+            before = mix.state_after(T - 1).save()
+            mix.set_state_after(T, donor)
+            after = mix.state_after(T).save()
+            probs = model.next_token_probs.save()
+        expected = torch.softmax(ref.continue_from_state(plain, ids, T, layer, donor), -1)
+        torch.testing.assert_close(probs, expected, **TOL)
+        assert torch.equal(after, donor)
+        torch.testing.assert_close(before, ref.prefix_states(plain, ids[:, :T], layer)[:, -1], **TOL)
+
+    # -- decode steps --------------------------------------------------------------
+
+    def test_generate_steps_each_read_their_own_call(self, model, ids):
+        mix = model.layers[self.LAYERS[0]].linear_attn
+        with torch.no_grad(), model.trace(ids):
+            prompt_states = mix.states.save()
+        stacks, outs, entering = [], [], []  # entering: list.append keeps a None across the trace
+        with torch.no_grad(), model.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False) as tracer:
+            for step in tracer.iter[:3]:
+                entering.append(mix.state_input)
+                stacks.append(mix.states.save())
+                outs.append(mix.state_output.save())
+        assert [s.shape[1] for s in stacks] == [ids.shape[1], 1, 1]
+        assert torch.equal(stacks[0], prompt_states) and entering[0] is None
+        assert torch.equal(entering[1], outs[0]) and torch.equal(entering[2], outs[1])
+        assert torch.equal(stacks[2][:, 0], outs[2]) and not torch.equal(outs[2], outs[1])
+
+    def test_a_decode_step_state_write_continues_as_a_plain_greedy_loop(self, model, plain, ids):
+        layer = self.LAYERS[1]
+        mix = model.layers[layer].linear_attn
+        donor = ref.prefix_states(plain, model.tokenizer("Something else entirely", return_tensors="pt").input_ids, layer)[:, -1]
+        read = {}
+        with torch.no_grad(), model.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False) as tracer:
+            for step in tracer.iter[1]:
+                mix.state_input = donor
+                read["a"], read["u"] = mix.recurrent_gate.save(), mix.attention_values.save()
+                read["out"] = mix.state_output.save()
+            tokens = tracer.result.save()
+        expected_tokens, _ = ref.greedy(plain, ids, 3, 1, layer, state=donor)
+        assert torch.equal(tokens[:, ids.shape[1]:], expected_tokens)
+        expected = ref.scan(read["u"], read["a"], torch.zeros_like(read["u"][..., :1], dtype=torch.bool), donor)
+        torch.testing.assert_close(read["out"], expected[:, -1], rtol=0, atol=1e-6)
+
+    def test_a_decode_step_state_output_write_is_where_the_next_step_starts(self, model, plain, ids):
+        layer = self.LAYERS[0]
+        mix = model.layers[layer].linear_attn
+        donor = ref.prefix_states(plain, model.tokenizer("Something else entirely", return_tensors="pt").input_ids, layer)[:, -1]
+        entering = []
+        with torch.no_grad(), model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False) as tracer:
+            for step in tracer.iter[1:3]:
+                entering.append(mix.state_input.save())
+                if len(entering) == 1:
+                    mix.state_output = donor
+            tokens = tracer.result.save()
+        expected_tokens, _ = ref.greedy(plain, ids, 4, 2, layer, state=donor)
+        assert torch.equal(entering[1], donor)
+        assert torch.equal(tokens[:, ids.shape[1]:], expected_tokens)
+
+    def test_several_tokens_continuing_a_state_read_it_and_restart_the_convolution(self, model, plain, ids):
+        layer = self.LAYERS[0]
+        mix = model.layers[layer].linear_attn
+        n = ids.shape[1]
+        with torch.no_grad(), model.trace(ids[:, :4]):
+            first = mix.state_output.save()
+        got = []
+        positions = torch.arange(4, n)[None]
+        # The model returns no cache; a cache passed in keeps the forward from resetting the modules' states.
+        cache = DynamicCache(config=model._module.config)
+        with torch.no_grad(), model.trace(ids[:, 4:], cache=cache, position_ids=positions):
+            got.append(mix.state_input)
+            got.append(mix.conv_state_input)
+            states = mix.states.save()
+        # The oracle: the same two plain calls; the RG-LRU continues, the convolution pads with zeros.
+        _, cache = ref.prefill(plain, ids[:, :4])
+        with torch.no_grad():
+            plain(ids[:, 4:], cache=cache, use_cache=True, position_ids=positions)
+        assert torch.equal(got[0], first) and got[1] is None
+        torch.testing.assert_close(states[:, -1], ref.block(plain, layer).rg_lru.recurrent_states, **TOL)
+
+    def test_conv_windows_are_the_modules_and_a_written_one_is_convolved(self, model, plain, ids):
+        layer = self.LAYERS[0]
+        mix = model.layers[layer].linear_attn
+        entering = []
+        with torch.no_grad(), model.trace(ids):
+            entering.append(mix.conv_state_input)
+            window = mix.conv_state_output.save()
+        ref.prefill(plain, ids)
+        assert entering == [None]
+        assert torch.equal(window, ref.block(plain, layer).conv1d_state)
+        other = torch.randn(window.shape, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad(), model.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False) as tracer:
+            for step in tracer.iter[1]:
+                kept = mix.conv_state_input.save()
+                mix.conv_state_input = other
+            tokens = tracer.result.save()
+        expected_tokens, seen = ref.greedy(plain, ids, 3, 1, layer, window=other)
+        assert kept.shape == window.shape
+        assert torch.equal(tokens[:, ids.shape[1]:], expected_tokens)
+
+    def test_the_modules_hold_the_last_calls_state_after_a_trace_as_after_a_plain_forward(self, model, plain, ids):
+        layer = self.LAYERS[0]
+        weights = {k: v.clone() for k, v in model._module.state_dict().items()}
+        with torch.no_grad(), model.trace(ids):
+            final = model.layers[layer].linear_attn.state_output.save()
+        block = model._module.model.layers[layer].temporal_block
+        assert torch.equal(block.rg_lru.recurrent_states, final), "transformers leaves the last call's state there"
+        assert all(torch.equal(v, model._module.state_dict()[k]) for k, v in weights.items())
+
+    # -- bad input ---------------------------------------------------------------
+
+    def test_bad_input_raises_nnterp_errors(self, model, ids):
+        mix = model.layers[self.LAYERS[0]].linear_attn
+        good = torch.zeros(1, mix.dims()["lru_width"])
+        n = ids.shape[1]
+        cases = {
+            "dtype": (lambda: mix.set_state_after(1, good.double()), NnterpError, "dtype"),
+            "shape": (lambda: mix.set_state_after(1, good[:, :3]), NnterpError, "shape"),
+            "range": (lambda: mix.state_after(n), NnterpError, "outside"),
+            "later read first": (lambda: (mix.state_after(3), mix.set_state_after(1, good)), OrderError, "increasing order"),
+            "argument after the scan": (lambda: (mix.states, setattr(mix, "recurrent_gate", mix.recurrent_gate)), OrderError, "kernel had started"),
+            "gate after the scan": (lambda: (mix.recurrent_gate, mix.input_gate), OrderError, "RG-LRU had computed it"),
+            "x after a gate": (lambda: (mix.decays, setattr(mix, "lru_input", mix.decays)), OrderError, "RG-LRU had computed it"),
+            "prompt state_input": (lambda: setattr(mix, "state_input", good), NnterpError, "position 0"),
+            "prompt conv window": (lambda: setattr(mix, "conv_state_input", torch.zeros(1, 1, 1)), NnterpError, "several-token"),
+            "read-only": (lambda: setattr(mix, "states", None), ReadOnlyValue, "set_state_after"),
+        }
+        for name, (action, error, words) in cases.items():
+            with pytest.raises(error, match=words):
+                with torch.no_grad(), model.trace(ids):
+                    action()
+        with pytest.raises(NotInTrace):
+            mix.states
