@@ -89,6 +89,7 @@ from ..recurrent.call import order_hint
 from ..recurrent.gradients import fill, recording, tap
 from . import lightning_run as calls
 from .effective_attention import EffectiveAttention
+from .gradient_support import gradient_reasons
 from .lightning_run import Run
 
 NO_ITERATION = (
@@ -129,6 +130,16 @@ class LightningAttention(Standard):
     ONE_STEP_DECODE = False
     #: The forward returns its final state with or without a cache, so `state_output` is served without one.
     FINAL_STATE_WITHOUT_CACHE = True
+    #: Its states are always computed from the call's own q, k, v and decays (as the fast path's are), so a read
+    #: after the forward has run (state_output first) is still served.
+    STATES_FROM_ARGUMENTS = True
+    #: Values no gradient of the model's outputs reaches (`gradient_support`), beyond the shared ones.
+    GRADIENTLESS = {
+        "state_output": (
+            "a prompt's final state goes only to the cache (the block loop computed the outputs before it), so no "
+            "gradient of this call's outputs reaches it: states.grad[:, t] is the derivative by the state after t"
+        ),
+    }
 
     def labels(self) -> dict:
         """This release's labels in the wrapped HF mixer's forward (found once per class)."""
@@ -279,6 +290,12 @@ class LightningAttention(Standard):
         run.read[position] = state
         return state
 
+    states_of = calls.states_of
+
+    def gradients(self) -> dict[str, str | None]:
+        """Per value, ``None`` where its ``.grad`` is served now, else why not (``support()``'s ``.grad`` rows)."""
+        return gradient_reasons(self)
+
     def set_state_after(self, t: int, value: torch.Tensor) -> None:
         """Assign the state after token ``t``: the tokens after it continue from ``value``.
 
@@ -301,8 +318,9 @@ class LightningAttention(Standard):
         if run.writes and max(run.writes) >= position:
             raise OrderError(order_hint(what, f"set_state_after({max(run.writes)}, value)"))
         read = run.read.get(position)
-        if read is not None and not run.writes and not run.decays_written and torch.equal(value, read):
+        if read is not None and not run.writes and not run.decays_written and not value.requires_grad and torch.equal(value, read):
             return  # writing back the state this call computes: the call already continues from it, bit for bit
+            # (a target that requires grad is written all the same, so the later tokens read it and it gets one)
         run.writes[position] = value
         self._rewrite(run, what)
 

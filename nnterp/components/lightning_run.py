@@ -186,3 +186,35 @@ def rewrite(mixer, run: Run, what: str) -> None:
         Mediator.swap(mixer._at("cat"), outputs.to(current.dtype))
     # The forward hands this tensor to the cache and returns it after the loop: write into it.
     run.final.copy_(final)
+
+
+def positions(mixer, run: Run, selection: Any, what: str) -> list[int]:
+    """``selection`` (a sequence of ints, a range, a 1-d tensor) as positions of this call, in the order given."""
+    if isinstance(selection, torch.Tensor):
+        selection = selection.reshape(-1).tolist() if selection.dim() <= 1 else selection
+    if isinstance(selection, (int, str, bytes, torch.Tensor)) or not hasattr(selection, "__iter__"):
+        raise WrongType(f"{what} takes a sequence of token positions (ints), got {type(selection).__name__}")
+    return [position(mixer, run, t, what) for t in selection]
+
+
+def states_of(mixer, selection: Any) -> torch.Tensor:
+    """The states after tokens ``selection`` of this call only, ``[batch, len(selection), ...state]``, in the order given.
+
+    Equal to ``states[:, selection]``; only the tokens up to the last selected
+    one are computed. As `state_after` at each of them for the order rules. A
+    new tensor: its ``.grad`` never comes (read ``states.grad``).
+    """
+    mediator("`linear_attn.states_of`")
+    run = record(mixer)
+    chosen = positions(mixer, run, selection, "states_of(positions)")
+    if not chosen:
+        return run.q.new_empty((run.q.shape[0], 0, *mixer._state_shape(run)[1:]))
+    stop = max(chosen) + 1
+    pieces = [scan(mixer, run, lo, hi, initial, keep=True)[2] for lo, hi, initial in segments(mixer, run, stop)]
+    states = torch.cat(pieces, dim=1)
+    for t, value in run.writes.items():
+        if t < stop:
+            states[:, t] = value
+    run.furthest = max(run.furthest, stop - 1)
+    return states[:, chosen]
+
