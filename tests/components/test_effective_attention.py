@@ -66,7 +66,7 @@ def _read_mixers(mixers, got):
         readout = mix.state_input_readout
         readout = readout.save() if readout is not None else None
         values = mix.attention_values.save()
-        if not getattr(cls, "CHUNK_FUNCTION", ""):  # a mixer computed in its own forward (lightning attention)
+        if hasattr(cls, "kernel_output"):  # a mixer computed in its own forward, with no kernel call (lightning attention)
             got.append((attention, readout, values, mix.kernel_output().save()))
             continue
         kernel = cls.KERNEL(mix)
