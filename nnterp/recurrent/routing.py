@@ -83,13 +83,18 @@ def family_of(target: Any) -> Any:
 
 
 def mixers_of(family: Any) -> list[tuple[type, type]]:
-    """``[(hf_mixer_class, component)]`` of the family's recurrent mixers; an error on a family with none."""
+    """``[(hf_mixer_class, component)]`` of the family's recurrent mixers; an error on a family with none.
+
+    A family whose mixer computes its recurrence in the module's own forward
+    (MiniMax's lightning attention: no kernel function) has nothing to route:
+    ``[]``, so routing it binds nothing.
+    """
     family = family_of(family)
     found = [
         (hf, component) for hf, component in family.COMPONENTS.items()
         if hasattr(component, "CHUNK_FUNCTION") and hasattr(component, "find_labels")
     ]
-    if not found:
+    if not found and getattr(family, "MIXER", None) is None:
         raise NnterpError(
             f"{getattr(family, '__name__', family)} has no recurrent mixer to route: pass a recurrent family "
             "(model.family) or a model that has one"

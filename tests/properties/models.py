@@ -81,6 +81,11 @@ VARIANTS: dict[str, tuple[dict, ...]] = {
         dict(num_heads=8, head_dim=16, n_groups=2, state_size=8, chunk_size=4),
         dict(num_heads=2, head_dim=64, n_groups=2, state_size=4, chunk_size=3, conv_kernel=2),
     ),
+    "LightningAttention": (
+        {},  # 4 heads of 16, blocks of 4
+        dict(num_attention_heads=2, head_dim=8, block_size=3),
+        dict(num_attention_heads=8, head_dim=4, block_size=1),
+    ),
 }
 
 #: How each kind serves ``states`` / ``state_after`` / ``set_state_after``.
@@ -89,6 +94,7 @@ STRATEGIES_OF: dict[str, tuple[str, ...]] = {
     "KimiDeltaAttention": ("routed", "fast"),
     "SelectiveScan": ("default", "routed", "fast"),
     "StateSpace": ("chunks", "fast", "routed+chunks"),
+    "LightningAttention": ("default",),  # computed from the call's q, k, v and decays, with no setting
 }
 
 
@@ -199,7 +205,8 @@ def weights_hash(model) -> str:
 
 def kernel_names(family) -> tuple[str, ...]:
     mixer = family.MIXER
-    return (mixer.CHUNK_FUNCTION, mixer.RECURRENT_FUNCTION, *mixer.CONV_FUNCTIONS)
+    # Lightning attention names none: it computes in its own forward.
+    return tuple(name for name in (mixer.CHUNK_FUNCTION, mixer.RECURRENT_FUNCTION, *mixer.CONV_FUNCTIONS) if name)
 
 
 def bindings(family) -> dict:

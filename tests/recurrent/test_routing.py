@@ -21,7 +21,9 @@ from nnterp.recurrent.routing import refused_device
 from tests.suites.standins import compiled_kernels, mixer_kernels
 
 PROMPT = "The Eiffel Tower is in the city of"
-RECURRENT = [family for family in families() if family.MIXER is not None]
+RECURRENT = [family for family in families() if family.MIXER is not None and getattr(family.MIXER, "CHUNK_FUNCTION", "")]
+#: Recurrent families whose mixer computes in its own forward (lightning attention): nothing to route.
+UNROUTED = [family for family in families() if family.MIXER is not None and not getattr(family.MIXER, "CHUNK_FUNCTION", "")]
 #: One family per mixer kind whose routing the tests below exercise on a model: Mamba-1 and a gated DeltaNet.
 ON_A_MODEL = ["mamba", "qwen3_5_text"]
 
@@ -59,6 +61,17 @@ def test_route_kernels_binds_the_pure_torch_bodies_and_default_restores_identity
         nnterp.route_kernels(family, "default")
     for name, fn in originals.items():
         assert modeling.__dict__[name] is fn and modeling.__dict__[STASH][name] is fn, name
+
+
+@pytest.mark.parametrize("family", UNROUTED, ids=lambda f: f.__name__.rsplit(".", 1)[-1])
+def test_routing_a_mixer_without_kernel_functions_binds_nothing(family):
+    def bindings():
+        return {name: value for name, value in family.MODELING.__dict__.items() if name != STASH}
+
+    before = bindings()
+    with nnterp.route_kernels(family, "torch"):
+        assert bindings() == before
+    assert bindings() == before
 
 
 def test_chunked_and_routed_kernels_agree_and_default_restores(qwen):

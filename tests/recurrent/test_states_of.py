@@ -170,6 +170,8 @@ def test_on_the_fast_path_memory_and_work_follow_the_selection(fast_model, monke
         return allocate(self, shape, device, differentiable)
 
     spec = type(mix).FAST
+    if spec is None:
+        pytest.skip(f"{type(mix).__name__} has no fast path")
 
     def compute(arguments, out):
         tokens.append(arguments[spec.tokens[0]].shape[1])

@@ -88,7 +88,14 @@ def recurrent_state(cache, layer_idx: int) -> torch.Tensor:
 
     Shapes: GDN ``[B, Hv, Dk, Dv]``, Kimi ``[B, H, Dk, Dv]``, Mamba-1 ``[B, D_inner, N]``,
     Mamba-2 ``[B, H, P, N]``; float32 in every family. Not a copy: clone it to keep it.
+    MiniMax keeps its lightning blocks' states in a list of its own (``MiniMaxCache.linear_cache``,
+    ``[B, H, Dk, Dv]`` in the model's dtype), replaced on every call: read it, or write into it, between calls.
     """
+    linear = getattr(cache, "linear_cache", None)
+    if linear is not None:
+        if not 0 <= layer_idx < len(linear) or not isinstance(linear[layer_idx], torch.Tensor):
+            raise ValueError(f"cache layer {layer_idx} has no linear state yet (run a prompt first)")
+        return linear[layer_idx]
     return _linear_layer(cache, layer_idx, "recurrent_states").recurrent_states[0]
 
 

@@ -1,0 +1,220 @@
+"""One call of lightning attention, as a worker knows it: the record, and the writes that recompute the call.
+
+`LightningAttention` (``lightning_attention.py``) binds these functions as its
+methods. A call is read at the mixer's input and where its forward splits q, k
+and v (`record`); a write that changes the call (``set_state_after``, a
+written ``decays``) replaces the forward's concatenated output before the
+norm by the recurrence continued from the written values (`rewrite`, with
+`nnterp.fast.lightning`) and writes the continuation's final state into the
+forward's own final-state tensor, which the cache holds; under autograd an
+exact zero that depends on a served value is added there (`graft`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from nnsight.intervention.interleaver import Mediator
+from nnsight.intervention.source import decorator_chain
+
+from ..core.calls import mediator, per_call, pinned
+from ..core.errors import NnterpError, OrderError, PositionError, WrongType
+from ..core.local import LocalDict
+from ..fast.lightning import lightning_scan
+from ..recurrent.call import order_hint
+from ..recurrent.kernels import signature_binding
+from ..recurrent.labels import bindings, call_label, missing
+
+#: HF mixer class -> its labels (`find_labels`), found once.
+FOUND: dict[type, dict] = LocalDict()  # pickled empty: a server reads its own release
+
+
+def find_labels(hf_mixer: type) -> dict:
+    """The forward's operations this component reads, found in the installed release's source."""
+    forward = decorator_chain(hf_mixer.forward)[0]
+    loops = bindings(forward, "attn_weights_inter", in_loop=True)
+    if len(loops) < 2:
+        raise NnterpError(missing("the state's bindings in the block loop and in the token loop", forward))
+    return {
+        "split": call_label(forward, "torch_split"),
+        "get": call_label(forward, "cache_get_linear_cache"),
+        "cat": call_label(forward, "torch_cat"),
+        "block_state": loops[0],
+        "token_state": loops[-1],
+    }
+
+
+def labels_of(hf_mixer: type) -> dict:
+    """`find_labels` of ``hf_mixer``, found once."""
+    if hf_mixer not in FOUND:
+        FOUND[hf_mixer] = find_labels(hf_mixer)
+    return FOUND[hf_mixer]
+
+
+class Run:
+    """What a worker knows of one call of the mixer: its inputs, q, k, v, decays, entering state and writes."""
+
+    def __init__(self) -> None:
+        self.writes: dict[int, torch.Tensor] = {}
+        self.decays_written = False
+        self.original: torch.Tensor | None = None  # the forward's own attention output, [batch, heads, seq, dim]
+        self.final: torch.Tensor | None = None  # the forward's own final-state tensor (what the cache holds)
+        self.states_read = False
+        self.furthest = -1
+        self.read: dict[int, torch.Tensor] = {}  # the states state_after served, by position
+        self.g_leaf: torch.Tensor | None = None  # the decays served under autograd, grafted into the output
+
+
+def record(mixer) -> Run:
+    """This call's record: read once, at the mixer's input and where the forward splits q, k, v."""
+
+    def make() -> Run:
+        mixer.source  # instrument the forward before it runs
+        med = mediator()
+        entry = f"{mixer.path}.input"
+        if med.occurrence(entry) > med.wanted(entry):
+            raise OrderError(order_hint("a value of this call of `linear_attn`", "the mixer had run (its output was read first)"))
+        args, kwargs = mixer.inputs
+        bound = signature_binding(type(mixer._module).forward, mixer._module, args, kwargs)
+        run = Run()
+        run.first = {name: med.occurrence(mixer._at(name)) for name in ("split", "get", "cat", "block_state", "token_state")}
+        run.first["output"] = med.occurrence(f"{mixer.path}.output")
+        run.cache = bound.get("cache")
+        run.seq = bound["hidden_states"].shape[1]
+        entering = run.cache.get_linear_cache(mixer._module.layer_idx) if run.cache is not None else None
+        run.continues = entering is not None
+        run.initial = entering.clone() if entering is not None else None
+        with pinned(run.first["split"]):
+            run.q, run.k, run.v = mixer._op("split").output
+        slope = mixer._module.slope_rate.reshape(1, 1, -1).to(run.q.dtype)
+        run.g = (-slope).expand(run.q.shape[0], run.seq, -1)
+        return run
+
+    return per_call(mixer, "lightning", make)
+
+
+def passed(mixer, run: Run, name: str, occurrence: int) -> bool:
+    return mediator().occurrence(mixer._at(name)) > occurrence
+
+
+def before(mixer, run: Run, name: str, what: str, moment: str) -> None:
+    """Raise `OrderError` unless the forward has not passed operation ``name`` of this call yet."""
+    if passed(mixer, run, name, run.first[name]):
+        raise OrderError(order_hint(what, moment))
+
+
+def position(mixer, run: Run, t: Any, what: str) -> int:
+    if not isinstance(t, int) or isinstance(t, bool):
+        raise WrongType(f"{what} takes a token position (an int), got {type(t).__name__}")
+    position = t + run.seq if t < 0 else t
+    if not 0 <= position < run.seq:
+        raise PositionError(f"{what}: position {t} is outside this call's {run.seq} tokens (0..{run.seq - 1})")
+    return position
+
+
+def segments(mixer, run: Run, stop: int | None = None) -> list:
+    """``(lo, hi, initial)`` runs of the call up to ``stop``, split after every write."""
+    stop = run.seq if stop is None else stop
+    runs, lo, initial = [], 0, run.initial
+    for t in sorted(run.writes):
+        if t >= stop:
+            break
+        runs.append((lo, t + 1, initial))
+        lo, initial = t + 1, run.writes[t]
+    if lo < stop:
+        runs.append((lo, stop, initial))
+    return runs
+
+
+def scan(mixer, run: Run, lo: int, hi: int, initial: Any, keep: bool = False) -> tuple:
+    return lightning_scan(run.q[:, lo:hi], run.k[:, lo:hi], run.v[:, lo:hi], run.g[:, lo:hi], initial, keep)
+
+
+def scan_with(mixer, run: Run, g: torch.Tensor) -> torch.Tensor:
+    """The call's outputs before the norm with decays ``g`` (q, k, v detached), ``[batch, heads, seq, dim]``."""
+    q, k, v = (x.detach() for x in (run.q, run.k, run.v))
+    initial = run.initial.detach() if run.initial is not None else None
+    return lightning_scan(q, k, v, g, initial)[0].transpose(1, 2)
+
+
+def forward_final(mixer, run: Run) -> torch.Tensor | None:
+    """The forward's own final-state tensor (its loop's last binding of the state), or ``None`` once passed."""
+    if run.final is None:
+        loop = "token_state" if run.continues else "block_state"
+        steps = run.seq if run.continues else -(-run.seq // mixer._module.block_size)
+        last = run.first[loop] + steps - 1
+        if passed(mixer, run, loop, last):
+            return None
+        with pinned(last):
+            run.final = getattr(mixer.source, mixer.labels()[loop]).output
+    return run.final
+
+
+def graft(mixer, run: Run, zero: torch.Tensor) -> None:
+    """Add ``zero`` (exact zeros that carry a gradient) to the forward's concatenated output, ``[batch, heads, seq, dim]``."""
+    with pinned(run.first["cat"]):
+        current = mixer._op("cat").output
+    if run.original is None:
+        run.original = current
+    with pinned(run.first["cat"]):
+        Mediator.swap(mixer._at("cat"), current + zero.to(current.dtype))
+
+
+def rewrite(mixer, run: Run, what: str) -> None:
+    """Replace the call's attention output and final state by the recurrence with this call's writes."""
+    if run.final is None and forward_final(mixer, run) is None:
+        raise OrderError(order_hint(what, "the forward had computed the call's final state"))
+    before(mixer, run, "cat", what, "the forward had concatenated the call's outputs")
+    with pinned(run.first["cat"]):
+        current = mixer._op("cat").output
+    if run.original is None:
+        run.original = current
+    if run.decays_written:
+        pieces = [scan(mixer, run, lo, hi, initial) for lo, hi, initial in segments(mixer, run)]
+        outputs, final = torch.cat([p[0] for p in pieces], dim=1).transpose(1, 2), pieces[-1][1]
+        keep = 0
+    else:
+        keep = min(run.writes) + 1
+        pieces = [scan(mixer, run, lo, hi, initial) for lo, hi, initial in segments(mixer, run) if lo >= keep]
+        tail = [p[0] for p in pieces]
+        outputs = torch.cat([run.original[:, :, :keep], *[x.transpose(1, 2) for x in tail]], dim=2)
+        final = pieces[-1][1] if pieces else run.writes[run.seq - 1]
+    if run.seq - 1 in run.writes:
+        final = run.writes[run.seq - 1]
+    with pinned(run.first["cat"]):
+        Mediator.swap(mixer._at("cat"), outputs.to(current.dtype))
+    # The forward hands this tensor to the cache and returns it after the loop: write into it.
+    run.final.copy_(final)
+
+
+def positions(mixer, run: Run, selection: Any, what: str) -> list[int]:
+    """``selection`` (a sequence of ints, a range, a 1-d tensor) as positions of this call, in the order given."""
+    if isinstance(selection, torch.Tensor):
+        selection = selection.reshape(-1).tolist() if selection.dim() <= 1 else selection
+    if isinstance(selection, (int, str, bytes, torch.Tensor)) or not hasattr(selection, "__iter__"):
+        raise WrongType(f"{what} takes a sequence of token positions (ints), got {type(selection).__name__}")
+    return [position(mixer, run, t, what) for t in selection]
+
+
+def states_of(mixer, selection: Any) -> torch.Tensor:
+    """The states after tokens ``selection`` of this call only, ``[batch, len(selection), ...state]``, in the order given.
+
+    Equal to ``states[:, selection]``; only the tokens up to the last selected
+    one are computed. As `state_after` at each of them for the order rules. A
+    new tensor: its ``.grad`` never comes (read ``states.grad``).
+    """
+    mediator("`linear_attn.states_of`")
+    run = record(mixer)
+    chosen = positions(mixer, run, selection, "states_of(positions)")
+    if not chosen:
+        return run.q.new_empty((run.q.shape[0], 0, *mixer._state_shape(run)[1:]))
+    stop = max(chosen) + 1
+    pieces = [scan(mixer, run, lo, hi, initial, keep=True)[2] for lo, hi, initial in segments(mixer, run, stop)]
+    states = torch.cat(pieces, dim=1)
+    for t, value in run.writes.items():
+        if t < stop:
+            states[:, t] = value
+    run.furthest = max(run.furthest, stop - 1)
+    return states[:, chosen]
+

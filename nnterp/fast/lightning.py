@@ -1,0 +1,76 @@
+"""Lightning attention's recurrence in pure torch (MiniMax-01, arXiv:2501.08313; Qin et al., arXiv:2401.04658).
+
+Per head, a state ``S`` of ``[key_dim, value_dim]`` decays by a fixed rate
+``λ_h`` (HF's ``slope_rate``) every token and adds the token's ``kᵀv``:
+
+    S_t = exp(g_t) S_{t-1} + k_tᵀ v_t        (g_t = -λ_h, the log decay)
+    o_t = q_t S_t                            (before the mixer's norm and gate)
+
+`lightning_scan` runs it token by token with the same operations as
+transformers' decode branch (``ratio * S + kᵀv``, then ``q @ S``), so a state
+continued here equals a plain forward fed one token at a time over a replaced
+cache bit for bit; `lightning_attention` is the exact effective attention of the
+same outputs. Layouts are tokens first: ``q``, ``k`` ``[batch, seq, heads,
+key_dim]``, ``v`` ``[batch, seq, heads, value_dim]``, ``g`` ``[batch, seq,
+heads]``; a state ``[batch, heads, key_dim, value_dim]`` in the inputs' dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def lightning_scan(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, initial: torch.Tensor | None = None, keep: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(outputs [batch, seq, heads, value_dim], final state, states [batch, seq, heads, key_dim, value_dim] or None)``.
+
+    ``initial``: the state entering the first token (zeros when ``None``);
+    ``keep``: also return the state after every token (``seq`` times the state's memory).
+    """
+    batch, seq, heads, key_dim = q.shape
+    state = initial if initial is not None else q.new_zeros(batch, heads, key_dim, v.shape[-1])
+    queries, keys, values = (x.transpose(1, 2) for x in (q, k, v))  # [batch, heads, seq, dim], as the forward holds them
+    ratio = g.exp().transpose(1, 2)[..., None]  # [batch, heads, seq, 1]
+    outputs, states = [], []
+    for i in range(seq):
+        state = ratio[:, :, i : i + 1] * state + torch.matmul(keys[:, :, i : i + 1].transpose(-1, -2), values[:, :, i : i + 1])
+        outputs.append(torch.matmul(queries[:, :, i : i + 1], state))
+        if keep:
+            states.append(state)
+    out = torch.cat(outputs, dim=2).transpose(1, 2)
+    return out, state, torch.stack(states, dim=1) if keep else None
+
+
+def lightning_attention(
+    q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, initial: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(A [batch, heads, seq, seq], readout [batch, seq, heads, value_dim] or None)``, float32.
+
+    ``o_t = Σ_s A[t, s] v_s + readout_t`` with ``A[t, s] = (q_t · k_s) exp(Σ_{s<r≤t} g_r)``
+    for ``s ≤ t`` (0 above the diagonal) and ``readout_t = exp(Σ_{r≤t} g_r) q_t S_0``.
+    """
+    q32, k32, g32 = q.float(), k.float(), g.float()
+    total = torch.cumsum(g32, dim=1).transpose(1, 2)  # [batch, heads, seq]: Σ_{r≤t} g_r
+    gap = total[..., :, None] - total[..., None, :]  # Σ_{s<r≤t} g_r
+    seq = q.shape[1]
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=q.device).tril()
+    decay = torch.where(causal, gap, torch.full_like(gap, float("-inf"))).exp()
+    scores = torch.einsum("bthd,bshd->bhts", q32, k32)
+    readout = None
+    if initial is not None:
+        readout = torch.einsum("bthd,bhde->bthe", q32, initial.float()) * total.exp().transpose(1, 2)[..., None]
+    return scores * decay, readout
+
+
+def lightning_tap_readout(q: torch.Tensor, g: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+    """``o_u = q_u Σ_{t<u} exp(Σ_{t<r≤u} g_r) taps_t``, ``[batch, seq, heads, value_dim]``: how the tokens after ``t`` read
+    an addition ``taps_t`` ``[batch, seq, heads, key_dim, value_dim]`` to the state after token ``t``."""
+    batch, seq, heads, key_dim = q.shape
+    carried = taps.new_zeros(batch, heads, key_dim, taps.shape[-1])
+    outputs = []
+    for u in range(seq):
+        if u:
+            carried = g[:, u, :, None, None].exp() * (carried + taps[:, u - 1])
+        outputs.append(torch.einsum("bhd,bhde->bhe", q[:, u], carried))
+    return torch.stack(outputs, dim=1)
