@@ -121,6 +121,10 @@ class RecurrentMixer(Standard):
     SEQ_ARGUMENT: str = "q"
     #: Which element of the kernel's return is the final state.
     FINAL_STATE = 1
+    #: Whether the forward also uses, outside the kernel, tensors it passes the kernel in another layout than served
+    #: (Mamba-1's ``x`` feeds ``x_proj``): under autograd the kernel then gets its own node of each
+    #: (`nnterp.recurrent.arguments.own_nodes`), so a served view's ``.grad`` is the kernel's path alone.
+    SHARED_ARGUMENTS = False
     #: Whether the forward must ask the cache by name (a release that stops doing so fails at the label lookup).
     CACHE_TEST_REQUIRED = False
 
@@ -243,6 +247,8 @@ class RecurrentMixer(Standard):
             call = Call(self, kernel, op, kernel == self.RECURRENT_KERNEL, self._call()["kernels"][kernel])
             call.check_not_started("a kernel argument", KERNEL_RAN)
             call.args, call.kwargs = op.inputs
+            if self.SHARED_ARGUMENTS and arguments.own_nodes(call, self._table(call)):
+                Mediator.swap(f"{op.path}.input", call.arguments)
             call.output_at = mediator().occurrence(f"{op.path}.output")
             tokens = self._serve(self.SEQ_ARGUMENT, call)  # positional or keyword (the mLSTM's backend takes keywords only)
             call.seq = tokens.shape[1]

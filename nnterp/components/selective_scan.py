@@ -97,6 +97,8 @@ class SelectiveScan(RecurrentMixer):
     #: The decode kernel updates the state once, while the prompt's pure-torch kernel is itself the token loop.
     ONE_STEP_DECODE = True
     SEQ_ARGUMENT = "x"
+    #: The forward feeds x (after the convolution) to x_proj as well as to the kernel (`RecurrentMixer.SHARED_ARGUMENTS`).
+    SHARED_ARGUMENTS = True
     EFFECTIVE = SCAN_ATTENTION
     #: The fast path (`nnterp.fast.selective`); the prompt kernel takes no initial state, so writes use ``SCAN.resume``.
     FAST = SCAN

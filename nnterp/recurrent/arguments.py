@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..core.values import check_tensor, select_from
+from ..core.values import check_tensor, replace_in, select_from
 from ..fast.step import step_size
 from .gradients import graft, on_the_path, recording
 
@@ -75,6 +75,30 @@ def serve(table: Signature, name: str, call: tuple) -> Any:
         return element
     # Another layout is a view of what the kernel consumes: its .grad is read off that tensor's.
     return element if layout is SAME else on_the_path(layout.read(element))
+
+
+def own_nodes(call: Any, table: Signature) -> bool:
+    """Under autograd, give the kernel a node of its own for each argument it holds in another layout than served.
+
+    A value served in another layout is a view of the kernel's argument, and
+    its ``.grad`` is read off that tensor's (`serve`). Where the forward also
+    uses that tensor elsewhere (Mamba-1's ``x`` feeds ``x_proj`` too), its
+    gradient would count those uses, which writing the value does not change.
+    An identity `graft` (the same numbers, bit for bit) that only the kernel
+    reads makes the view's gradient the kernel's path alone. Called once per
+    call, at the kernel's input; returns whether an argument was replaced.
+    """
+    if not recording():
+        return False
+    changed = False
+    for where, layout in table.values():
+        if layout is SAME:
+            continue
+        element = select_from(call.arguments, where)
+        if isinstance(element, torch.Tensor) and element.requires_grad:
+            call.args, call.kwargs = replace_in(call.arguments, where, graft(element, element, element))
+            changed = True
+    return changed
 
 
 def named(table: Signature, call: tuple) -> dict:

@@ -180,3 +180,21 @@ def test_set_state_after_target_grad_matches_finite_differences(model, strategy)
         numeric = central_difference(model, ids, lambda e: mix.set_state_after(t, target.detach() + e * direction))
     analytic = float((grad * direction).sum())
     assert agrees(analytic, numeric, float(abs(loss))), (model.family.NAME, analytic, numeric)
+
+
+@pytest.mark.parametrize("model_type", sorted(f.NAME for f in families() if f.MIXER is not None and f.MIXER.__name__ == "SelectiveScan"))
+def test_a_value_the_forward_also_uses_elsewhere_gets_the_kernels_gradient_alone(load, model_type):
+    # Mamba-1's x feeds x_proj (dt, B, C) as well as the kernel; writing attention_values changes only the kernel's
+    # input, so its .grad is the kernel's path alone (it once counted x_proj's too: 2x on Jamba, 3% on Mamba).
+    model = load(model_type)
+    ids = ids_of(model)
+    mix = model.layers[recurrent(model)[0]].linear_attn
+    with model.trace(ids, **model.family.BACKWARD_KWARGS):
+        value = mix.attention_values.save()
+        loss = metric(model).save()
+        with loss.backward():
+            grad = value.grad.save()
+    direction = torch.randn(value.shape, generator=torch.Generator().manual_seed(1)) * value.detach()
+    numeric = central_difference(model, ids, lambda e: setattr(mix, "attention_values", value.detach() + e * direction))
+    analytic = float((grad * direction).sum())
+    assert any(abs(analytic - n) <= 5e-3 * abs(n) for n in numeric), (model_type, analytic, numeric)
