@@ -12,33 +12,49 @@ exact zero that depends on a served value is added there (`graft`).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
 from nnsight.intervention.interleaver import Mediator
-from nnsight.intervention.source import decorator_chain
+from nnsight.intervention.source import compiled, decorator_chain
 
 from ..core.calls import mediator, per_call, pinned
 from ..core.errors import NnterpError, OrderError, PositionError, WrongType
 from ..core.local import LocalDict
 from ..fast.lightning import lightning_scan
 from ..recurrent.call import order_hint
-from ..recurrent.kernels import signature_binding
+from ..recurrent.kernels import signature, signature_binding
 from ..recurrent.labels import bindings, call_label, missing
 
 #: HF mixer class -> its labels (`find_labels`), found once.
 FOUND: dict[type, dict] = LocalDict()  # pickled empty: a server reads its own release
 
 
+def cache_parameter(forward) -> str:
+    """The forward's parameter whose ``get_linear_cache`` it calls (``cache`` from 5.24, ``past_key_values`` before)."""
+    names = compiled(forward).names
+    for name in signature(forward).parameters:
+        pattern = re.compile(rf"^{re.escape(name)}_get_linear_cache_\d+$")
+        if any(pattern.match(label) for label in names):
+            return name
+    raise NnterpError(missing("a call of `get_linear_cache` on one of its parameters (the cache)", forward))
+
+
 def find_labels(hf_mixer: type) -> dict:
-    """The forward's operations this component reads, found in the installed release's source."""
+    """The forward's operations this component reads, found in the installed release's source.
+
+    ``"cache"`` is the name of the forward's cache parameter, not a label.
+    """
     forward = decorator_chain(hf_mixer.forward)[0]
     loops = bindings(forward, "attn_weights_inter", in_loop=True)
     if len(loops) < 2:
         raise NnterpError(missing("the state's bindings in the block loop and in the token loop", forward))
+    cache = cache_parameter(forward)
     return {
+        "cache": cache,
         "split": call_label(forward, "torch_split"),
-        "get": call_label(forward, "cache_get_linear_cache"),
+        "get": call_label(forward, f"{cache}_get_linear_cache"),
         "cat": call_label(forward, "torch_cat"),
         "block_state": loops[0],
         "token_state": loops[-1],
@@ -80,7 +96,7 @@ def record(mixer) -> Run:
         run = Run()
         run.first = {name: med.occurrence(mixer._at(name)) for name in ("split", "get", "cat", "block_state", "token_state")}
         run.first["output"] = med.occurrence(f"{mixer.path}.output")
-        run.cache = bound.get("cache")
+        run.cache = bound.get(mixer.labels()["cache"])
         run.seq = bound["hidden_states"].shape[1]
         entering = run.cache.get_linear_cache(mixer._module.layer_idx) if run.cache is not None else None
         run.continues = entering is not None

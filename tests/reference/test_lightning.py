@@ -6,6 +6,7 @@ import torch
 from transformers import MiniMaxConfig
 from transformers.models.minimax.modeling_minimax import MiniMaxCache, MiniMaxLightningAttention
 
+from tests.reference.hf_oracles import cache_kwarg
 from tests.reference.lightning import lightning_recurrence, slope_rates
 
 HEADS, DIM, HIDDEN, LAYERS = 4, 8, 32, 4
@@ -42,7 +43,7 @@ def test_recurrence_reproduces_the_block_loop_and_its_final_state():
     mixer = module()
     x = torch.randn(2, 11, HIDDEN, generator=torch.Generator().manual_seed(1))  # 11 tokens: 3 blocks, the last one short
     cache = MiniMaxCache()
-    out, final = mixer(x, None, None, cache=cache)
+    out, final = mixer(x, None, None, **{cache_kwarg(mixer): cache})
     q, k, v = qkv(mixer, x)
     o, states = lightning_recurrence(q, k, v, mixer.slope_rate.flatten())
     torch.testing.assert_close(readout(mixer, x, o), out, atol=1e-5, rtol=1e-4)
@@ -57,7 +58,7 @@ def test_recurrence_reproduces_the_token_loop_from_a_cached_state():
     initial = torch.randn(1, HEADS, DIM, DIM, generator=torch.Generator().manual_seed(3))
     cache = MiniMaxCache()
     cache.set_linear_cache(mixer.layer_idx, initial)
-    out, final = mixer(x, None, None, cache=cache)
+    out, final = mixer(x, None, None, **{cache_kwarg(mixer): cache})
     q, k, v = qkv(mixer, x)
     o, states = lightning_recurrence(q, k, v, mixer.slope_rate.flatten(), initial)
     torch.testing.assert_close(readout(mixer, x, o), out, atol=1e-5, rtol=1e-4)
