@@ -11,7 +11,8 @@ to float rounding. (transformers adds ``eps`` to the stabilized denominator,
 which is ``eps · exp(m_t)`` here.) Independent of nnterp and of transformers.
 
 The oracles drive a plain ``xLSTMForCausalLM`` through its own ``xLSTMCache``
-(``cache.rnn_state[layer] = (C, n, m)``), one forward per prefix or token.
+(``cache.rnn_state[layer] = (C, n, m)``), one forward per prefix or token; the cache goes in and comes
+out under the installed release's name (``cache_params`` before 5.24, ``cache`` from it: `hf_oracles`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from tests.reference.hf_oracles import cache_kwarg, output_cache
 
 __all__ = ["mlstm", "prefix_states", "continue_from_state", "greedy", "set_layer_state"]
 
@@ -70,7 +73,7 @@ def prefix_states(plain, ids: torch.Tensor, layer: int) -> tuple:
     """``(C, n, m)`` of ``layer``'s cache after a plain forward over each prefix: ``[B, T, ...]`` each."""
     found = []
     for t in range(ids.shape[1]):
-        cache = plain(ids[:, : t + 1], use_cache=True).cache
+        cache = output_cache(plain(ids[:, : t + 1], use_cache=True))
         found.append(tuple(x.clone() for x in cache.rnn_state[layer]))
     return tuple(torch.stack([state[j] for state in found], 1) for j in range(3))
 
@@ -79,10 +82,10 @@ def prefix_states(plain, ids: torch.Tensor, layer: int) -> tuple:
 def continue_from_state(plain, ids: torch.Tensor, T: int, layer: int, state: tuple) -> torch.Tensor:
     """Last-position logits after replacing ``layer``'s cached state after token ``T``, the rest fed one token at a time."""
     out = plain(ids[:, : T + 1], use_cache=True)
-    cache = out.cache
+    cache = output_cache(out)
     set_layer_state(cache, layer, state)
     for j in range(T + 1, ids.shape[1]):
-        out = plain(ids[:, j : j + 1], cache=cache, use_cache=True)
+        out = plain(ids[:, j : j + 1], use_cache=True, **{cache_kwarg(plain): cache})
     return out.logits[:, -1]
 
 
@@ -90,7 +93,7 @@ def continue_from_state(plain, ids: torch.Tensor, T: int, layer: int, state: tup
 def greedy(plain, ids: torch.Tensor, new: int, patch: Callable | None = None, suppress: tuple = ()) -> torch.Tensor:
     """Plain greedy decoding through the cache; ``patch(step, cache)`` runs before decode step ``step`` (1 is the first)."""
     out = plain(ids, use_cache=True)
-    cache = out.cache
+    cache = output_cache(out)
     for step in range(1, new + 1):
         logits = out.logits[:, -1].clone()
         logits[:, list(suppress)] = float("-inf")
@@ -100,5 +103,5 @@ def greedy(plain, ids: torch.Tensor, new: int, patch: Callable | None = None, su
             break
         if patch is not None:
             patch(step, cache)
-        out = plain(nxt, cache=cache, use_cache=True)
+        out = plain(nxt, use_cache=True, **{cache_kwarg(plain): cache})
     return ids

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from nnterp.components.mlstm import MLSTM
+from tests.reference import hf_oracles as hf
 from tests.reference import mlstm as ref
 from tests.suites.checkpoint import OTHER, PROMPT, CheckpointFixtures
 
@@ -142,7 +143,7 @@ class MLSTMSuite(CheckpointFixtures):
         cache = xLSTMCache(plain.config, ids.shape[0], dtype=torch.float32)
         ref.set_layer_state(cache, layer, MLSTM.unpack(value))
         with torch.no_grad():
-            expected = plain(ids, cache=cache, use_cache=True).logits
+            expected = plain(ids, use_cache=True, **{hf.cache_kwarg(plain): cache}).logits
             clean = plain(ids).logits
         torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-5)
         assert not torch.allclose(logits, clean, atol=1e-4), "the entering state changes the outputs"
