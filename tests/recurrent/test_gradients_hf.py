@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 
 import nnterp
 from nnterp.components.kimi_delta_attention import KimiDeltaAttention
+from nnterp.components.lightning_attention import LightningAttention
 from nnterp.components.linear_attention import LinearAttention
 from nnterp.components.selective_scan import SelectiveScan
 from nnterp.components.state_space import StateSpace
@@ -26,7 +27,7 @@ from nnterp.testing import tiny_checkpoint
 from tests.reference.hf_oracles import state_gradient
 
 #: The mixers whose state transformers keeps in its cache's ``recurrent_states`` (what the oracle replaces).
-CACHED = (LinearAttention, KimiDeltaAttention, SelectiveScan, StateSpace)
+CACHED = (LinearAttention, KimiDeltaAttention, SelectiveScan, StateSpace, LightningAttention)
 #: The first family of each such mixer.
 KINDS = tuple(sorted({f.MIXER: f.NAME for f in reversed(families()) if f.MIXER in CACHED}.values()))
 PROMPT = "The quick brown fox jumps over the"
