@@ -198,7 +198,8 @@ class RecurrentMixer(Standard):
             args, kwargs = self.inputs
             bound = signature_binding(type(self._module).forward, self._module, args, kwargs)
             hidden = bound.get("hidden_states", args[0] if args else None)
-            cache = bound.get("cache", bound.get("cache_params"))
+            # The cache under this release's keyword: ``cache`` (5.24), ``cache_params`` or ``past_key_values`` before.
+            cache = next((bound[name] for name in ("cache", "cache_params", "past_key_values") if bound.get(name) is not None), None)
             med = mediator()
             # How often each kernel has started before this call: a later request
             # for its arguments past that count would land in the next call.

@@ -150,11 +150,12 @@ class ShortConvolution(RecurrentMixer):
         return labels
 
     def continues_cache(self, cache: Any) -> bool:
-        # The forward's own test: a kept window, and a cache that does not record its past.
+        # The forward's own test: a kept window, and a cache that does not record its past. Asked of the cache's
+        # layer, as every release keeps it (the cache's get_conv_state / is_recording_past are 5.21+).
         if cache is None:
             return False
-        index = self._module.layer_idx
-        return cache.get_conv_state(index) is not None and not cache.is_recording_past(index)
+        layer = cache.layers[self._module.layer_idx]
+        return bool(layer.has_previous_state[0]) and not getattr(layer, "record_past", False)
 
     def dims(self) -> dict[str, int]:
         module = self._module

@@ -13,6 +13,7 @@ from transformers import DynamicCache
 from transformers.models.lfm2.configuration_lfm2 import Lfm2Config
 from transformers.models.lfm2.modeling_lfm2 import Lfm2ShortConv
 
+from tests.reference import hf_oracles as hf
 from tests.reference.short_convolution import gated_short_convolution
 
 
@@ -36,7 +37,7 @@ def test_reproduces_the_module_and_its_cache(module):
     config, conv = module
     hidden = torch.randn(2, 7, 16)
     cache = DynamicCache(config=config)
-    expected = conv(hidden, cache=cache)
+    expected = conv(hidden, **{hf.cache_kwarg(conv): cache})
     got, windows = reference(conv, hidden)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(windows[:, -1], cache.layers[0].conv_states[0], rtol=0, atol=1e-6)
@@ -44,12 +45,12 @@ def test_reproduces_the_module_and_its_cache(module):
     entering = cache.layers[0].conv_states[0].clone()
     more = torch.randn(2, 2, 16)
     got, windows = reference(conv, more, entering)
-    torch.testing.assert_close(got, conv(more, cache=cache), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got, conv(more, **{hf.cache_kwarg(conv): cache}), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(windows[:, -1], cache.layers[0].conv_states[0], rtol=0, atol=1e-6)
     entering = cache.layers[0].conv_states[0].clone()
     step = torch.randn(2, 1, 16)
     got, windows = reference(conv, step, entering)
-    torch.testing.assert_close(got, conv(step, cache=cache), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got, conv(step, **{hf.cache_kwarg(conv): cache}), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(windows[:, -1], cache.layers[0].conv_states[0], rtol=0, atol=1e-6)
 
 
@@ -58,7 +59,7 @@ def test_a_short_fresh_prompt_pads_the_window_with_zeros(module):
     config, conv = module
     hidden = torch.randn(1, 2, 16)
     cache = DynamicCache(config=config)
-    expected = conv(hidden, cache=cache)
+    expected = conv(hidden, **{hf.cache_kwarg(conv): cache})
     got, windows = reference(conv, hidden)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(windows[:, -1], cache.layers[0].conv_states[0], rtol=0, atol=1e-6)

@@ -40,7 +40,7 @@ def continued_from_window(plain, ids, t, layer, window) -> tuple[torch.Tensor, t
         hf.set_conv_state(cache, layer, window)
         logits = [out.logits]
         for i in range(t + 1, ids.shape[1]):
-            step = plain(ids[:, i : i + 1], cache=cache, use_cache=True, position_ids=torch.tensor([[i]]))
+            step = plain(ids[:, i : i + 1], use_cache=True, position_ids=torch.tensor([[i]]), **{hf.cache_kwarg(plain): cache})
             logits.append(step.logits)
     return torch.cat(logits, dim=1), hf.conv_state(cache, layer).clone()
 
@@ -125,7 +125,7 @@ class ShortConvolutionSuite(CheckpointFixtures):
             entering = hf.conv_state(cache, layer).clone()
         mix = model.layers[layer].linear_attn
         positions = torch.arange(split, ids.shape[1])[None]
-        with torch.no_grad(), model.trace(ids[:, split:], cache=cache, position_ids=positions):
+        with torch.no_grad(), model.trace(ids[:, split:], position_ids=positions, **{hf.cache_kwarg(model._module): cache}):
             window = mix.state_input.save()
             B, C, x = mix.input_gates.save(), mix.output_gates.save(), mix.attention_values.save()
             states = mix.states.save()
