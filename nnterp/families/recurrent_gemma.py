@@ -75,7 +75,8 @@ class RecurrentGemma(Llama):
 
     @classmethod
     def layer_parts(cls, config) -> list[set[str]]:
-        mixer = {"linear_attention": "linear_attn", "sliding_attention": "self_attn"}
+        # layers_block_type names the blocks as layer_types do from 5.23; before, as block_types does.
+        mixer = {"linear_attention": "linear_attn", "sliding_attention": "self_attn", "recurrent": "linear_attn", "attention": "self_attn"}
         return [{mixer[kind], "mlp"} for kind in cls.text_config(config).layers_block_type]
 
     @classmethod

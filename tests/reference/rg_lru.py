@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from tests.reference.hf_oracles import cache_kwarg
+
 C = 8.0
 
 
@@ -77,7 +79,7 @@ def prefill(model, ids: torch.Tensor):
     """A plain forward over ``ids`` with a cache: ``(logits, cache)``; the state stays on the modules."""
     cache = DynamicCache(config=model.config)
     model._setup_cache(model.config, ids.shape[0], ids.device, torch.float32)
-    out = model(ids, cache=cache, use_cache=True)
+    out = model(ids, use_cache=True, **{cache_kwarg(model): cache})
     return out.logits, cache
 
 
@@ -85,7 +87,7 @@ def prefill(model, ids: torch.Tensor):
 def step(model, token: torch.Tensor, position: int, cache) -> torch.Tensor:
     """One decode step of ``token [b, 1]`` at ``position``: its logits ``[b, vocab]``."""
     positions = torch.full_like(token, position)
-    return model(token, cache=cache, use_cache=True, position_ids=positions).logits[:, -1]
+    return model(token, use_cache=True, position_ids=positions, **{cache_kwarg(model): cache}).logits[:, -1]
 
 
 @torch.no_grad()

@@ -20,6 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from nnterp import NnterpError, NotInTrace, OrderError, ReadOnlyValue
+from tests.reference import hf_oracles as hf
 from tests.reference import rg_lru as ref
 from tests.suites.checkpoint import CheckpointFixtures
 
@@ -179,14 +180,17 @@ class RGLRUSuite(CheckpointFixtures):
         positions = torch.arange(4, n)[None]
         # The model returns no cache; a cache passed in keeps the forward from resetting the modules' states.
         cache = DynamicCache(config=model._module.config)
-        with torch.no_grad(), model.trace(ids[:, 4:], cache=cache, position_ids=positions):
+        with torch.no_grad(), model.trace(ids[:, 4:], position_ids=positions, **{hf.cache_kwarg(model._module): cache}):
             got.append(mix.state_input)
             got.append(mix.conv_state_input)
             states = mix.states.save()
-        # The oracle: the same two plain calls; the RG-LRU continues, the convolution pads with zeros.
-        _, cache = ref.prefill(plain, ids[:, :4])
+        # The oracle: the same two plain calls; the RG-LRU continues, the convolution pads with zeros. The second
+        # gets a fresh cache too, as the trace did: before 5.23 the config has no layer_types, every cache layer is a
+        # sliding-window one and transformers' own mask misreads the prompt's keys (a several-token call fails).
+        ref.prefill(plain, ids[:, :4])
         with torch.no_grad():
-            plain(ids[:, 4:], cache=cache, use_cache=True, position_ids=positions)
+            fresh = DynamicCache(config=plain.config)
+            plain(ids[:, 4:], use_cache=True, position_ids=positions, **{hf.cache_kwarg(plain): fresh})
         assert torch.equal(got[0], first) and got[1] is None
         torch.testing.assert_close(states[:, -1], ref.block(plain, layer).rg_lru.recurrent_states, **TOL)
 
