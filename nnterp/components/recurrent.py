@@ -49,12 +49,12 @@ from ..recurrent import arguments
 from ..recurrent.call import KERNEL_RAN, Call
 from ..recurrent.kernels import drill, modeling_of, needs_torch_kernels, original_body, signature_binding
 from ..recurrent.labels import Label, cache_test, call_label, state_label
-from ..recurrent.per_token import iteration_strategy, strategy_for
-from ..recurrent.per_token.loop import TOKEN_LOOP, TokenOp, needs_recurrent_routing
+from ..recurrent.per_token.loop import needs_recurrent_routing
 from ..recurrent.routing import route_delta_rule, route_kernels, track  # noqa: F401  (documented here)
-from ..recurrent.settings import REMOTE, generating
+from ..recurrent.settings import REMOTE
 from . import call_state, selected_states
 from . import effective_attention as effective
+from . import per_token_values as per_token
 from .gradient_support import gradient_reasons
 
 __all__ = [
@@ -62,14 +62,6 @@ __all__ = [
     "route_delta_rule", "per_call", "pinned",
 ]
 
-
-
-def _per_token_reason(mixer: RecurrentMixer) -> str | None:
-    return strategy_for(mixer).unavailable(mixer)
-
-
-def _iteration_reason(mixer: RecurrentMixer) -> str | None:
-    return iteration_strategy(mixer).unavailable(mixer)
 
 
 class RecurrentMixer(Standard):
@@ -357,69 +349,30 @@ class RecurrentMixer(Standard):
 
     # -- the state after every token: one declaration, served by the chosen strategy -------
 
-    def _token_state_op(self) -> str:
-        """The ``tracer.iter`` location of `state` (one occurrence per token), relative to the mixer."""
-        return TOKEN_LOOP.location(self)
-
-    def _token_op(self) -> TokenOp:
-        """``(op, first, seq)`` of this call: the binding of its per-token states, its first occurrence, the call's length."""
-        return iteration_strategy(self).token_op(self)
-
-    def _iterated_state(self) -> torch.Tensor:
-        if generating(self):
-            # tracer.iter counts generate's steps, one call of the mixer each: the state that step leaves.
-            return self.state_after(-1)
-        return iteration_strategy(self).state(self)
-
-    def _assign_iterated_state(self, value: torch.Tensor) -> None:
-        if generating(self):
-            self.set_state_after(-1, value)
-            return
-        iteration_strategy(self).set_state(self, value)
-
-    def _states(self) -> States:
-        return strategy_for(self).states(self)
+    _token_state_op = per_token.token_state_op
+    _token_op = per_token.token_op
+    _iterated_state = per_token.iterated_state
+    _assign_iterated_state = per_token.assign_iterated_state
+    _states = per_token.every_state
 
     state = DerivedEProperty(
-        _iterated_state,
-        assign=_assign_iterated_state,
-        key=Key(_token_state_op),
+        per_token.iterated_state,
+        assign=per_token.assign_iterated_state,
+        key=Key(per_token.token_state_op, "_token_state_op"),
         description="the state after a token of the prompt, one occurrence per token (tracer.iter; under generate, the state each step leaves), [batch, ...state]; needs route_kernels(family, 'torch')",
-        unavailable=_iteration_reason,
+        unavailable=per_token.iteration_reason,
         annotation=State,
     )
     states = DerivedEProperty(
-        _states,
+        per_token.every_state,
+        key=Key(per_token.every_state, "_states"),
         description="The recurrent state after every token of this call; needs route_kernels(family, 'torch')",
-        unavailable=_per_token_reason,
+        unavailable=per_token.per_token_reason,
         annotation=States,
     )
-
-    def state_after(self, t: int) -> State:
-        """The state after token ``t`` of this call (negative ``t`` counts from the end).
-
-        As ``for _ in tracer.iter[t]: mix.state`` on a prompt, and one that
-        counts from the call's own first token on a decode step.
-        """
-        return strategy_for(self).state_after(self, t)
-
+    state_after = per_token.state_after
     states_of = selected_states.states_of
-
-    def set_state_after(self, t: int, value: torch.Tensor) -> None:
-        """Assign the state after token ``t``: the tokens after it continue from ``value``.
-
-        Token ``t`` itself is left as it was (its output read the state it
-        computed), as when a cache holding the prefix's state is replaced
-        before the rest is fed; ``state_after(t)`` then reads ``value``. On
-        the call's last token the kernel returns ``value`` as its final state,
-        which the next decode step starts from. Assigning `state` under
-        ``tracer.iter[t]`` is this write, on every mixer.
-
-        Reads follow the forward: in the same trace, read positions before
-        ``t`` before the write and positions after it afterwards; `states`
-        (every position) only before it.
-        """
-        strategy_for(self).set_state_after(self, t, value)
+    set_state_after = per_token.set_state_after
 
     # -- a component's own update rule, for a write inside a call (the token loop) ---------
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..recurrent.per_token import PerToken, strategy_for
+from . import per_token_values
 
 
 def states_of(self, positions: Any) -> torch.Tensor:
@@ -37,7 +38,7 @@ def states_of(self, positions: Any) -> torch.Tensor:
     On the fast path, under autograd, it is a function of the kernel's
     arguments, as ``states`` is there.
     """
-    if type(self).state_after.__qualname__ != "RecurrentMixer.state_after":
+    if type(self).state_after is not per_token_values.state_after:
         # A component serving the per-token states its own way (a window, a method's loop): through its own state_after.
         return PerToken.states_of(OwnStateAfter(self), self, positions)
     return strategy_for(self).states_of(self, positions)
