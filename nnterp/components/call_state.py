@@ -17,6 +17,8 @@ import torch
 
 from ..core.errors import NnterpError, Unavailable
 from ..core.values import check_expected, check_tensor, replace_in
+from ..recurrent.arguments import kernel_waiting
+from ..recurrent.gradients import graft, recording
 
 _NO_CACHE = (
     "this call runs without a cache, so its kernel returns no final state: run it with use_cache=True "
@@ -30,8 +32,16 @@ def state_buffer(self) -> torch.Tensor:
 
 def read_state_input(self) -> torch.Tensor | None:
     state = self._serve("state")
+    if state is None:
+        return None
+    if recording() and not (self._decodes() and type(self).ONE_STEP_DECODE) and kernel_waiting(self):
+        # Under autograd the kernel reads the entering state through the served copy (an exact graft), so its
+        # .grad is the loss's derivative by it; the cache's buffer, overwritten in place later, is left out of it.
+        entering = state.detach().clone().requires_grad_(True)
+        self._assign_argument("state", graft(entering, entering, state))
+        return entering
     # The cache overwrites the entering state's buffer in place during the call.
-    return state.clone() if state is not None else None
+    return state.clone()
 
 def assign_state_input(self, value: Any) -> None:
     call = self._record()

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..recurrent.per_token import FromArguments, strategy_for
 from ..recurrent.per_token.loop import needs_recurrent_routing
+from .call_state import read_state_input
 
 ANALYSIS = (
     "computed for analysis from the kernel call's arguments; the model never reads it, so no gradient of a loss on "
@@ -56,6 +57,11 @@ NEVER = {
 SKIPPED = ("state",)
 
 
+def served_through_kernel(mixer: Any) -> bool:
+    """Whether ``state_input`` is the shared one, which the kernel reads through under autograd (not a one-step decode's buffer)."""
+    return type(mixer).values()["state_input"].compute is read_state_input and not type(mixer).ONE_STEP_DECODE
+
+
 def gradient_reasons(mixer: Any) -> dict[str, str | None]:
     """``value name -> None`` (its ``.grad`` is served now) or why not; plus ``set_state_after`` (its target's)."""
     reasons: dict[str, str | None] = {}
@@ -63,7 +69,9 @@ def gradient_reasons(mixer: Any) -> dict[str, str | None]:
         if name in SKIPPED:
             continue
         reason = value.reason(mixer)
-        if reason is None:
+        if reason is None and name == "state_input" and served_through_kernel(mixer):
+            pass  # read through the served copy under autograd (call_state.read_state_input)
+        elif reason is None:
             reason = type(mixer).GRADIENTLESS.get(name, NEVER.get(name))
         if reason is None and name == "states" and isinstance(strategy_for(mixer), FromArguments):
             reason = FAST_STATES

@@ -81,7 +81,9 @@ def test_grad_rows_match_what_backward_reaches(load, model_type, setting_name):
                 except NnterpError:
                     flags.append(False)
                 if not flags[0]:
-                    assert reason is not None, f"{name}.grad is said served, but the value is not there on a prompt"
+                    # None on a prompt: nothing to differentiate here. A served state_input.grad is checked on a trace
+                    # continuing a cache instead (test_gradients_hf.py).
+                    assert reason is not None or name == "state_input", f"{name}.grad is said served, but the value is not there on a prompt"
                     continue
             if reason is None:
                 value, grad = read_grad(model, mix, name)

@@ -17,14 +17,15 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import nnterp
+from nnterp.components.call_state import read_state_input
 from nnterp.components.kimi_delta_attention import KimiDeltaAttention
 from nnterp.components.lightning_attention import LightningAttention
 from nnterp.components.linear_attention import LinearAttention
 from nnterp.components.selective_scan import SelectiveScan
 from nnterp.components.state_space import StateSpace
-from nnterp.families import families
+from nnterp.families import REGISTRY, families
 from nnterp.testing import tiny_checkpoint
-from tests.reference.hf_oracles import state_gradient
+from tests.reference.hf_oracles import cache_kwarg, output_cache, state_gradient
 
 #: The mixers whose state transformers keeps in its cache's ``recurrent_states`` (what the oracle replaces).
 CACHED = (LinearAttention, KimiDeltaAttention, SelectiveScan, StateSpace, LightningAttention)
@@ -32,6 +33,10 @@ CACHED = (LinearAttention, KimiDeltaAttention, SelectiveScan, StateSpace, Lightn
 KINDS = tuple(sorted({f.MIXER: f.NAME for f in reversed(families()) if f.MIXER in CACHED}.values()))
 PROMPT = "The quick brown fox jumps over the"
 POSITIONS = (1, 4)
+
+
+def served_through_kernel_class(mixer: type) -> bool:
+    return mixer.values()["state_input"].compute is read_state_input and not mixer.ONE_STEP_DECODE
 
 
 def metric(logits: torch.Tensor) -> torch.Tensor:
@@ -103,3 +108,34 @@ def test_set_state_after_target_grad_is_plain_autograd(case, strategy):
             with loss.backward():
                 grad = target.grad.save()
     close(grad, expected[layer, t], f"{model.family.NAME} set_state_after({t}) target.grad ({strategy})")
+
+
+#: The kinds whose kernel takes the entering state as an argument (the shared state_input; not a one-step decode
+#: updating the cache in place): support() serves their state_input.grad.
+ENTERING = tuple(kind for kind in KINDS if served_through_kernel_class(REGISTRY[kind].MIXER))
+
+
+@pytest.mark.parametrize("model_type", ENTERING)
+def test_state_input_grad_on_a_continued_cache_is_plain_autograd(load, model_type):
+    # A trace over a cache holding the prefix: state_input is the state the call starts from, and its .grad the
+    # metric's derivative by it, the oracle's at the prefix's last token.
+    model = load(model_type)
+    plain = AutoModelForCausalLM.from_pretrained(tiny_checkpoint(model_type)).eval()
+    ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
+    split = 3
+    layer = next(i for i, block in enumerate(model.layers) if getattr(block, "linear_attn", None) is not None)
+    expected = state_gradient(plain, ids, split - 1, layer, metric, one_call=True)
+    row = model.support()["linear_attn.state_input.grad"]
+    assert row is None or row[layer] is None, row
+    with torch.no_grad():
+        cache = output_cache(plain(input_ids=ids[:, :split], use_cache=True))
+    mix = model.layers[layer].linear_attn
+    # transformers writes the cache in place after the kernel, as it does without nnterp: autograd then needs this.
+    # The mask covers the cached tokens too: nnsight's own, from the new tokens alone, would hide them from attention.
+    inputs = {"input_ids": ids[:, split:], "attention_mask": torch.ones_like(ids)}
+    with torch.autograd.graph.allow_mutation_on_saved_tensors(), model.trace(inputs, **{cache_kwarg(plain): cache}):
+        entering = mix.state_input.save()
+        loss = metric(model.logits[:, -1]).save()
+        with loss.backward():
+            grad = entering.grad.save()
+    close(grad, expected, f"{model_type} state_input.grad on a continued cache")

@@ -241,8 +241,12 @@ def state_gradient(
     T: int,
     layer_idx: int,
     metric: Callable[[torch.Tensor], torch.Tensor],
+    one_call: bool = False,
 ) -> torch.Tensor:
     """``d metric / d state`` of ``layer_idx``'s state after token ``T``, by autograd through plain transformers.
+
+    ``one_call``: feed the rest as one call continuing the cache (what a trace over that cache runs: transformers'
+    prefill kernel from the cached state, whose convolution starts from zeros) instead of one token at a time.
 
     The prefix ``input_ids[:, :T+1]`` runs without gradients; the layer's cached
     state is then replaced by a leaf holding the same values, and the rest of the
@@ -266,7 +270,9 @@ def state_gradient(
     leaf = live.detach().clone().requires_grad_(True)
     with torch.autograd.graph.allow_mutation_on_saved_tensors():
         live.copy_(leaf)
-        for i in range(T + 1, length):
+        if one_call:
+            out = _forward(model, input_ids[:, T + 1 :], cache, start=T + 1)
+        for i in range(T + 1, length if not one_call else T + 1):
             out = _forward(model, input_ids[:, i : i + 1], cache, start=i)
         (grad,) = torch.autograd.grad(metric(out.logits[:, -1]), leaf)
     return grad
