@@ -24,6 +24,15 @@ WHY = {
         "What would reach it: reading the layers or positions needed only (`state_after(t)` runs the bound kernel on "
         "a prefix and materializes nothing), a fused kernel writing each state once (Triton/CUDA), or bfloat16 states."
     ),
+    "write": (
+        "A write splits the kernel call in two and runs the bound kernel on each part (token t's own output as "
+        "computed, the rest from the written state): at 512 tokens the two chunked calls cost more than one. What "
+        "would reach it: one kernel call whose state is replaced at t inside it (a kernel taking a write position)."
+    ),
+    "memory": (
+        "The states are written into a buffer of their own size; what a read adds beyond it is the kernel's own "
+        "temporaries and the process's allocator. `states_of(positions)` keeps only the selection."
+    ),
     "tl": "TransformerLens replays the scan token by token from its activation cache; the fast path should be ahead at every length.",
     "mamba2_growth": (
         "The fast path's own work is linear in length (the 'computed alone' row, within target); the traced forward "
