@@ -59,6 +59,16 @@ def _capture(plain, paths: list[str]):
     return outputs, hooks
 
 
+def _run_hooked(plain, hooks: list, *args, **kwargs):
+    """``plain(*args, **kwargs)`` without gradients, its forward hooks removed afterwards whatever happens."""
+    try:
+        with torch.no_grad():
+            return plain(*args, **kwargs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
 def _ids(model):
     return model.tokenizer(PROMPT, return_tensors="pt").input_ids
 
@@ -75,12 +85,7 @@ def test_per_layer_names_read_what_hf_computes(model_type, load, plains):
         hooks.append(plain.get_submodule(_paths(model, i)["layer"]).register_forward_pre_hook(
             lambda m, args, kwargs, i=i: inputs.__setitem__(i, args[0] if args else kwargs["hidden_states"]), with_kwargs=True,
         ))
-    try:
-        with torch.no_grad():
-            ref = plain(ids)
-    finally:
-        for hook in hooks:
-            hook.remove()
+    ref = _run_hooked(plain, hooks, ids)
     got: list = []
     with torch.no_grad(), model.trace(ids):
         for i in range(n):
@@ -138,12 +143,7 @@ def test_writing_a_layer_output_and_an_mlp_output_changes_what_follows_as_hf_wou
         handles.append(plain.get_submodule(_paths(model, mlp_layer)["mlp"]).register_forward_hook(
             lambda m, a, out: (out[0] * 0, *out[1:]) if isinstance(out, tuple) else out * 0
         ))
-    try:
-        with torch.no_grad():
-            expected = plain(ids).logits
-    finally:
-        for handle in handles:
-            handle.remove()
+    expected = _run_hooked(plain, handles, ids).logits
     with torch.no_grad(), model.trace(ids):
         if mlp_layer == 0:
             model.mlps_output[0] = model.mlps_output[0] * 0
@@ -167,12 +167,7 @@ def test_project_on_vocab_is_the_final_norm_and_unembedding(model_type, load, pl
     last = model.num_layers - 1
     paths = [_paths(model, 0)["layer"], _paths(model, last)["layer"]]
     outputs, hooks = _capture(plain, paths)
-    try:
-        with torch.no_grad():
-            ref = plain(ids)
-    finally:
-        for hook in hooks:
-            hook.remove()
+    ref = _run_hooked(plain, hooks, ids)
     first = outputs[paths[0]]
     with torch.no_grad(), model.trace(ids):
         middle = model.project_on_vocab(model.layers_output[0]).save()
@@ -211,12 +206,7 @@ def test_steer_adds_to_the_residual_stream_in_a_trace_and_at_every_generate_step
     last = model.num_layers - 1
     handles = [_steer_hook(plain, _paths(model, 0)["layer"], 2 * vector, positions=[1, 2]),
                _steer_hook(plain, _paths(model, last)["layer"], 2 * vector, positions=[1, 2])]
-    try:
-        with torch.no_grad():
-            expected = plain(ids).logits
-    finally:
-        for handle in handles:
-            handle.remove()
+    expected = _run_hooked(plain, handles, ids).logits
     with torch.no_grad(), model.trace(ids):
         model.steer(layers=[last, 0], steering_vector=vector, factor=2, positions=[1, 2])
         logits = model.logits.save()
@@ -251,12 +241,7 @@ def test_skip_layers_gives_a_forward_without_them(model_type, load, plains):
         handles.append(plain.get_submodule(_paths(model, i)["layer"]).register_forward_hook(
             lambda m, a, out: (inputs["h"], *out[1:]) if isinstance(out, tuple) else inputs["h"]
         ))
-    try:
-        with torch.no_grad():
-            expected = plain(ids).logits
-    finally:
-        for handle in handles:
-            handle.remove()
+    expected = _run_hooked(plain, handles, ids).logits
     with torch.no_grad(), model.trace(ids):
         if start == end:
             model.skip_layer(start)
@@ -377,12 +362,7 @@ def test_logit_lens_is_each_layer_output_through_the_final_norm_and_unembedding(
         batch = model.inputs[1].save()  # left-padded, with the positions the project passes (as generate does)
     paths = [_paths(model, i)["layer"] for i in range(model.num_layers)]
     outputs, hooks = _capture(plain, paths)
-    try:
-        with torch.no_grad():
-            ref = plain(**batch)
-    finally:
-        for hook in hooks:
-            hook.remove()
+    ref = _run_hooked(plain, hooks, **batch)
     norm, head = plain.get_submodule(model.family.LN_FINAL), plain.get_submodule(model.family.LM_HEAD)
     scale = model.family.logits_scale(plain.config)
     with torch.no_grad():

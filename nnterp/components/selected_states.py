@@ -40,7 +40,7 @@ def states_of(self, positions: Any) -> torch.Tensor:
     """
     if type(self).state_after is not per_token_values.state_after:
         # A component serving the per-token states its own way (a window, a method's loop): through its own state_after.
-        return PerToken.states_of(OwnStateAfter(self), self, positions)
+        return OWN_STATE_AFTER.states_of(self, positions)
     return strategy_for(self).states_of(self, positions)
 
 
@@ -49,11 +49,11 @@ class OwnStateAfter(PerToken):
 
     name = "the component's own state_after"
 
-    def __init__(self, mixer: Any) -> None:
-        self.mixer = mixer
-
     def unavailable(self, mixer: Any) -> str | None:
         return type(mixer).values()["states"].reason(mixer)
 
     def state_after(self, mixer: Any, t: int) -> torch.Tensor:
         return mixer.state_after(t)
+
+
+OWN_STATE_AFTER = OwnStateAfter()

@@ -233,38 +233,10 @@ def models():
     return {t: build(t).model for t in MODEL_TYPES}
 
 
-_ROUTING_NOT_ATOMIC = (
-    "bug (issue 11 #1): route_kernels is not atomic: _rebind sets the kernel names one by one (setattr), then "
-    "resets the instrumented mixers (reinstrument); a fault in between leaves some names routed, or every name "
-    "routed with support() saying so while mixers compiled before still run the import-time kernel, and no "
-    "Routing is returned to undo it"
-)
-_EXIT_NOT_ATOMIC = (
-    "bug (issue 11 #1): Routing.__exit__ is not atomic: a fault in its _rebind leaves the family routed or "
-    "half-restored after the with block; a fault in its reinstrument restores the names while the mixers "
-    "instrumented inside the block keep the routed kernel (support() reports the default, the logits are the "
-    "routed path's)"
-)
-_DEFAULT_DOES_NOT_REPAIR = (
-    "bug (issue 11 #1): a repeated route_kernels(family, 'default') does not repair an interrupted one: _rebind "
-    "reinstruments only the names whose binding changes, so once the names are back the mixers instrumented over "
-    "the routed kernel keep running it (logits differ ~5e-6 on the DeltaNets)"
-)
-_SETTING_NOT_ATOMIC = (
-    "bug: fast_states / chunk_per_token (settings._apply) and Setting.__exit__ store each mixer's setting one by "
-    "one: a fault at the k-th _store leaves the model's mixers half set (some 'fast'/'chunks', some not; "
-    "support() changes), and a failing call returns no Setting to undo it"
-)
-#: (operation, name) -> why a fault there leaves a mess today.
-#: Faults the process does not survive yet: (operation, step) -> the bug. Empty since routing and the settings
-#: became one step each (exceptions roll back, a Ctrl-C waits for the end).
-KNOWN: dict = {}
-
 CASES = [
     pytest.param(
         operation, module, name,
         id=f"{operation}-{module.__name__.rsplit('.', 1)[-1]}.{name}",
-        marks=[pytest.mark.xfail(strict=True, reason=KNOWN[operation, name])] if (operation, name) in KNOWN else [],
     )
     for operation, (_, steps) in OPERATIONS.items()
     for module, name in steps

@@ -182,7 +182,7 @@ def test_set_state_after_target_grad_matches_finite_differences(model, strategy)
     assert agrees(analytic, numeric, float(abs(loss))), (model.family.NAME, analytic, numeric)
 
 
-@pytest.mark.parametrize("model_type", sorted(f.NAME for f in families() if f.MIXER is not None and f.MIXER.__name__ == "SelectiveScan"))
+@pytest.mark.parametrize("model_type", sorted(f.NAME for f in families() if f.MIXER is not None and getattr(f.MIXER, "SHARED_ARGUMENTS", False)))
 def test_a_value_the_forward_also_uses_elsewhere_gets_the_kernels_gradient_alone(load, model_type):
     # Mamba-1's x feeds x_proj (dt, B, C) as well as the kernel; writing attention_values changes only the kernel's
     # input, so its .grad is the kernel's path alone (it once counted x_proj's too: 2x on Jamba, 3% on Mamba).
