@@ -4,14 +4,17 @@ The spec reads the state after every token by routing a prompt through
 transformers' token-by-token kernel (`nnterp.route_kernels`), or, on
 Mamba-2, by a chunk size of one (quadratic in length). This package
 computes the same states from the arguments of the prompt's kernel call, at
-about the cost of that call plus writing the states once:
+about the cost of that call plus writing the states once (and, with
+``output=True`` / a spec's ``one_pass``, the call's own output alongside, so
+the call itself can be skipped):
 
 * `gated_delta_states` / `kimi_delta_states`: the gated delta rule (a decay
   per head, or per key channel), chunkwise in the WY/UT form, with a loop
   over chunks only;
 * `ssd_states`: Mamba-2's state space duality, linear in length;
 * `selective_scan_states`: Mamba-1's selective scan (a decay per channel and
-  state entry), chunked; `selective_scan_readout`: what a start state adds to
+  state entry), token by token (chunked under autograd); `selective_scan_output`:
+  its output with the states, in one pass; `selective_scan_readout`: what a start state adds to
   a scan that started from zeros (Mamba-1's prompt kernel takes none);
 * `FastSpec` (``GATED_DELTA``, ``KIMI_DELTA``, ``SSD``, ``SCAN``): what a component's
   fast path computes from its kernel call, by its signature table's names;
@@ -40,7 +43,7 @@ from .effective import (
     selective_scan_attention,
     ssd_attention,
 )
-from .selective import selective_scan_readout, selective_scan_states
+from .selective import selective_scan_output, selective_scan_readout, selective_scan_states
 from .specs import GATED_DELTA, KIMI_DELTA, SCAN, SSD, FastSpec
 from .ssd import ssd_states
 
@@ -50,6 +53,7 @@ __all__ = [
     "ssd_states",
     "selective_scan_states",
     "selective_scan_readout",
+    "selective_scan_output",
     "gated_delta_attention",
     "kimi_delta_attention",
     "ssd_attention",

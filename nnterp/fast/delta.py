@@ -139,19 +139,28 @@ def _delta_states(query, key, value, g, beta, initial_state, use_qk_l2norm, l2no
         out = empty_states(shape, value.device)
     elif tuple(out.shape) != shape or out.dtype != torch.float32:
         raise ValueError(f"out must be float32 {shape}, got {out.dtype} {tuple(out.shape)}")
-    query, key = (_expand(x.float(), heads) for x in (query, key))
-    if use_qk_l2norm:
-        query, key = l2norm(query), l2norm(key)
-    query = query * k_dim**-0.5
+    query, key = (_expand(x, heads) for x in (query, key))
     size = max(1, min(chunk_size, seq))
     chunks = -(-seq // size)
-    # [b, h, chunks, L, d]; padded tokens have k = v = β = g = 0, so they write nothing.
-    q, k, v, gc = (_chunked(x, chunks, size) for x in (query, key, value.float(), g))
+    # [b, h, chunks, L, d], one copy each (the forward hands q, k, v over channel-first, the convolution's layout);
+    # padded tokens have k = v = β = g = 0, so they write nothing.
+    q, k, v, gc = (_chunked(x.float(), chunks, size) for x in (query, key, value, g))
     betas = _chunked(beta.float()[..., None], chunks, size)
+    if use_qk_l2norm:
+        q, k = l2norm(q), l2norm(k)
+    q = q * k_dim**-0.5
     cum = gc.cumsum(dim=3)  # c_i from each chunk's start, ≤ 0
     causal = torch.ones(size, size, dtype=torch.bool, device=value.device).tril()
     eye = torch.eye(size, dtype=torch.float32, device=value.device)
-    outputs = value.new_empty(batch, heads, chunks, size, v_dim, dtype=torch.float32) if want_output else None
+    # The UT transform of every chunk at once (it does not depend on the state): δ = U − W S_0, solved = [U | W].
+    decay, scores = _decay_and_scores(k, cum, causal)  # W ⊙ (k_i · k_j), [b, h, chunks, L, L]
+    system = (scores * betas).tril(-1) + eye
+    grown = cum.exp()
+    solved = torch.linalg.solve_triangular(system, torch.cat([v * betas, k * betas * grown], dim=-1), upper=False, unitriangular=True)
+    if want_output:
+        outputs = value.new_empty(batch, heads, chunks, size, v_dim, dtype=torch.float32)
+        attention = _decay_and_scores(k, cum, causal, q, decay)[1]
+        reads = q * grown
     if initial_state is None:
         start = value.new_zeros(batch, heads, k_dim, v_dim, dtype=torch.float32)
     else:
@@ -159,32 +168,27 @@ def _delta_states(query, key, value, g, beta, initial_state, use_qk_l2norm, l2no
     graph = differentiable(start, q, k, v, gc, betas)
     for m in range(chunks):
         first, length = m * size, min(size, seq - m * size)
-        qm, km, vm, cm, bm = q[:, :, m], k[:, :, m], v[:, :, m], cum[:, :, m], betas[:, :, m]
-        decay, scores = _decay_and_scores(km, cm, causal)  # W ⊙ (k_i · k_j), [b, h, L, L]
-        system = (scores * bm).tril(-1) + eye
-        # The UT transform: δ = U − W S_0 for this chunk's tokens.
-        rhs = torch.cat([vm * bm, km * bm * cm.exp()], dim=-1)
-        solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
-        delta = solved[..., :v_dim] - solved[..., v_dim:] @ start  # [b, h, L, dv]
+        delta = solved[:, :, m, :, :v_dim] - solved[:, :, m, :, v_dim:] @ start  # [b, h, L, dv]
         if want_output:
-            inter = (qm * cm.exp()) @ start
-            outputs[:, :, m] = inter + _decay_and_scores(km, cm, causal, qm)[1] @ delta
-        fill_states(out, first, start, gc[:, :, m, :length], km[:, :, :length], delta[:, :, :length])
+            outputs[:, :, m] = reads[:, :, m] @ start + attention[:, :, m] @ delta
+        fill_states(out, first, start, gc[:, :, m, :length], k[:, :, m, :length], delta[:, :, :length])
         start = carry(out[:, first + length - 1], graph)  # a view (a copy under autograd): the next chunk's S_0
     if want_output:
         return outputs.reshape(batch, heads, chunks * size, v_dim)[:, :, :seq].transpose(1, 2), out
     return out
 
 
-def _decay_and_scores(k, cum, causal, q=None):
+def _decay_and_scores(k, cum, causal, q=None, decay=None):
     """``W_ij = exp(c_i − c_j)`` (j ≤ i, else 0) and ``Σ_d x_i[d] W_ij[d] k_j[d]`` with ``x = q`` or ``k``.
 
     ``cum`` is ``[b, h, L, 1]`` (one decay per head: W is ``[b, h, L, L]``) or
     ``[b, h, L, dk]`` (per key channel: the sum runs over a ``[b, h, L, L, dk]`` product).
+    ``decay``: ``W`` computed already (a scalar per head only).
     """
     x = k if q is None else q
     if cum.shape[-1] == 1:
-        decay = (cum[..., :, None, 0] - cum[..., None, :, 0]).masked_fill(~causal, float("-inf")).exp()
+        if decay is None:
+            decay = (cum[..., :, None, 0] - cum[..., None, :, 0]).masked_fill(~causal, float("-inf")).exp()
         return decay, (x @ k.transpose(-1, -2)) * decay
     decay = (cum[..., :, None, :] - cum[..., None, :, :]).masked_fill(~causal[..., None], float("-inf")).exp()
     return decay, (x[..., :, None, :] * k[..., None, :, :] * decay).sum(-1)

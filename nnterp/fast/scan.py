@@ -13,13 +13,17 @@ tokens starting after state ``S``, with ``c_i = g_1 + … + g_i`` (≤ 0):
 
     S_i = exp(c_i) ⊙ S + Σ_{j≤i} exp(c_i − c_j) ⊙ a_j b_jᵀ
 
-`fill_states` writes that for ``f`` tokens at a time, straight into the
-output: one broadcast multiply for the first term, one batched matmul
-(``[rows, f] @ [f, cols]`` per token and head) added in place for the
-second, then the run's last state starts the next run. Small runs keep
-the work at ``f`` multiply-adds per state element and the run's slice of
-the output in cache between the two steps; the loop is over runs of
-tokens, each operation vectorized over batch rows, tokens and heads.
+`fill_states` writes the states straight into the output. Without
+autograd it steps token by token (`step_states`): ``S_t = D_t S_{t-1} +
+a_t b_tᵀ`` as one multiply into the output and one rank-one update added in
+place, each vectorized over batch rows and heads, reading ``S_{t-1}`` while
+it is still in cache: two passes over a state per token, the fewest a
+decay-then-add can make (measured 1.8x the time of merely filling the
+output, against 3.5x for the runs below). Under autograd (in-place steps on
+a buffer the graph keeps would break it) it writes ``f`` tokens at a time by
+the closed form above: one broadcast multiply for the first term, one batched
+matmul (``[rows, f] @ [f, cols]`` per token and head) for the second, then the
+run's last state starts the next run.
 """
 
 from __future__ import annotations
@@ -48,10 +52,36 @@ def fill_states(out: torch.Tensor, first: int, start: torch.Tensor, g: torch.Ten
     fill = FILL if fill is None else fill
     n = g.shape[2]
     graph = differentiable(start, g, a, b)
+    if not graph:
+        step_states(out, first, start, g, a, b)
+        return
     for at in range(0, n, BLOCK):
         stop = min(n, at + BLOCK)
         _fill_block(out, first + at, start, g[:, :, at:stop], a[:, :, at:stop], b[:, :, at:stop], fill, graph)
         start = carry(out[:, first + stop - 1], graph)
+
+
+def step_states(out: torch.Tensor, first: int, start: torch.Tensor, g: torch.Tensor, a: torch.Tensor, b: torch.Tensor, read: torch.Tensor | None = None) -> torch.Tensor | None:
+    """`fill_states` token by token, in place (no autograd); with ``read``, also each state's readout.
+
+    ``read``: ``[batch, heads, n, cols]``; returns ``[batch, heads, n, rows]``,
+    ``S_t read_t`` for every token, computed while ``S_t`` is in cache (the
+    output of a linear-attention or SSD kernel, before its skip term).
+    """
+    n = g.shape[2]
+    decay = g.float().exp()[..., None]  # [b, h, n, 1 | rows, 1]
+    # A strided operand (a triangular solve returns its result column-major) makes the update several times slower.
+    a, b = a.contiguous(), b.contiguous()
+    readout = None if read is None else a.new_empty(a.shape[0], a.shape[1], n, a.shape[-1], dtype=torch.float32)
+    previous = start
+    for t in range(n):
+        state = out[:, first + t]
+        torch.mul(previous, decay[:, :, t], out=state)
+        state.addcmul_(a[:, :, t, :, None], b[:, :, t, None, :])
+        if read is not None:
+            torch.matmul(state, read[:, :, t, :, None], out=readout[:, :, t, :, None])
+        previous = state
+    return readout
 
 
 def differentiable(*tensors: torch.Tensor) -> bool:

@@ -6,6 +6,14 @@ numbers; each token decays it entry by entry and writes one outer product:
     Δ_t = softplus(dt_t + dt_bias)                       [channels]
     h_t = exp(Δ_t A) ⊙ h_{t-1} + (Δ_t x_t) ⊗ B_t          h: [channels, state_size]
 
+Without autograd the states are written token by token, as the kernel's own
+loop computes them (`_step`): per token one multiply into the output and one
+update in place, vectorized over batch rows and channels, Δ a block of tokens
+at a time, so no temporary is as long as the prompt; the kernel's output can be
+read off each state while it is in cache (`selective_scan_output`, the fast
+path's one pass). Under autograd (in-place writes into a buffer the graph keeps
+would break it) they are computed in chunks:
+
 A is constant over time, so over a run of tokens the decays multiply to
 ``exp(A ⊙ Σ Δ_j)``: with ``S_i = Δ_1 + … + Δ_i`` counted from a run's
 start, the state after its token ``i`` is ``local_i + exp(A ⊙ S_i) ⊙ h_start``,
@@ -20,7 +28,7 @@ where ``local_i`` is the run's own recurrence from zeros. So, for chunks of
    over the ``L`` positions again.
 
 About ``2L + seq / L`` vectorized steps (``L`` ≈ √seq), each on ``seq / L``
-states, written in place into the output; no temporary is larger than that.
+states, then copied into the output.
 
 Numerics: every exponent is ``Δ·A`` or ``A ⊙ S_i`` with ``A < 0`` and ``Δ,
 S ≥ 0``, never positive; float32 throughout, Δ computed in ``dt``'s own
@@ -77,6 +85,44 @@ def selective_scan_states(
     Returns:
         ``states [batch, seq, channels, state_size]``, float32; ``[:, -1]`` is the kernel's final state.
     """
+    return _states(x, dt, A, B, dt_bias, dt_softplus, initial_state, out, chunk_size)[1]
+
+
+def selective_scan_output(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = True,
+    initial_state: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scan's output and the state after every token, in one pass (no autograd; tokens first).
+
+    ``y_t = (Σ_n C_t[n] h_t[:, n] + D ⊙ x_t) ⊙ silu(z_t)``, the kernel's
+    output, read from each state while it is in cache. Arguments as in
+    `selective_scan_states`, plus ``C`` ``[batch, seq, state_size]``, ``D``
+    ``[channels]`` and the gate ``z`` ``[batch, seq, channels]``.
+
+    Returns:
+        ``(y [batch, seq, channels], states [batch, seq, channels, state_size])``, float32.
+    """
+    if differentiable(x, dt, A, B, C, D, z, dt_bias, initial_state):
+        raise ValueError("selective_scan_output runs without autograd (it writes its states in place)")
+    y, states = _states(x, dt, A, B, dt_bias, dt_softplus, initial_state, out, None, C)
+    if D is not None:
+        y += D.float() * x.float()
+    if z is not None:
+        y *= F.silu(z.float())
+    return y, states
+
+
+def _states(x, dt, A, B, dt_bias, dt_softplus, initial_state, out, chunk_size, C=None):
+    """``(readout or None, states)``: token by token without autograd (`_step`), in chunks under it."""
     batch, seq, channels = x.shape
     size = A.shape[-1]
     shape = (batch, seq, channels, size)
@@ -85,14 +131,16 @@ def selective_scan_states(
     elif tuple(out.shape) != shape or out.dtype != torch.float32:
         raise ValueError(f"out must be float32 {shape}, got {out.dtype} {tuple(out.shape)}")
     if seq == 0:
-        return out
+        return (None if C is None else x.new_zeros(batch, 0, channels, dtype=torch.float32)), out
+    graph = differentiable(x, dt, A, B, dt_bias, initial_state)
+    if not graph:
+        return _step(x, dt, A, B, dt_bias, dt_softplus, initial_state, out, C)
     length = chunk_size or min(MAX_CHUNK, math.isqrt(seq - 1) + 1)
     chunks = -(-seq // length)
-    graph = differentiable(x, dt, A, B, dt_bias, initial_state)
     A = A.float()
     step = step_size(dt, dt_bias, dt_softplus).float()  # Δ, [b, seq, d]
     # 1. Every chunk from zeros. local[i]: the states at positions i, i + L, ... ([b, chunks having i, d, n]),
-    # views of out (new tensors under autograd, which out= and in-place reuse would break).
+    # new tensors (out= and in-place reuse would break the graph).
     local: list = []
     for i in range(min(length, seq)):
         at = slice(i, seq, length)
@@ -100,9 +148,6 @@ def selective_scan_states(
         state = (s * B[:, at, None, :].float()) * x[:, at, :, None].float()  # (Δ B) x, the kernel's order
         if i:
             state = torch.exp(A * s) * local[i - 1][:, : s.shape[1]] + state
-        if not graph:
-            out[:, at] = state
-            state = out[:, at]
         local.append(state)
     # 2. The state entering each chunk. S: Δ summed from each chunk's start, [b, seq, d].
     pad = chunks * length - seq
@@ -121,14 +166,40 @@ def selective_scan_states(
         for i in range(min(length, seq)):
             at = slice(i + first * length, seq, length)
             carried = torch.exp(A * total[:, at, :, None]) * entering[:, : total[:, at].shape[1]]
-            if graph:
-                local[i] = torch.cat([local[i][:, :first], local[i][:, first:] + carried], 1)
-            else:
-                local[i][:, first:] += carried
-    if graph:
-        for i, state in enumerate(local):
-            out[:, i::length] = state
-    return out
+            local[i] = torch.cat([local[i][:, :first], local[i][:, first:] + carried], 1)
+    for i, state in enumerate(local):
+        out[:, i::length] = state
+    return None, out
+
+
+def _step(x, dt, A, B, dt_bias, dt_softplus, initial_state, out, C):
+    """The kernel's own token loop, written in place into ``out`` (and each state's readout by ``C``, if given).
+
+    Per token: the decay ``exp(Δ A)`` into a reused ``[batch, channels, n]``
+    buffer, then ``h_t = decay ⊙ h_{t-1} + (Δ x) ⊗ B`` as one multiply into
+    the output and one update in place. Δ is computed a block of tokens at a
+    time, so nothing but the states and the readout is as long as the prompt.
+    """
+    batch, seq, channels = x.shape
+    A = A.float()
+    previous = x.new_zeros(batch, channels, A.shape[-1], dtype=torch.float32) if initial_state is None else initial_state.float()
+    decay = torch.empty_like(previous)
+    readout = None if C is None else x.new_empty(batch, seq, channels, dtype=torch.float32)
+    for lo in range(0, seq, READOUT_BLOCK):
+        hi = min(seq, lo + READOUT_BLOCK)
+        step = step_size(dt[:, lo:hi], dt_bias, dt_softplus).float()  # Δ, [b, block, d]
+        writes = step * x[:, lo:hi].float()
+        keys = B[:, lo:hi].float()
+        reads = None if C is None else C[:, lo:hi].float()
+        for t in range(hi - lo):
+            state = out[:, lo + t]
+            torch.mul(A, step[:, t, :, None], out=decay)
+            torch.mul(previous, decay.exp_(), out=state)
+            state.addcmul_(writes[:, t, :, None], keys[:, t, None, :])
+            if reads is not None:
+                torch.matmul(state, reads[:, t, :, None], out=readout[:, lo + t, :, None])
+            previous = state
+    return readout, out
 
 
 def selective_scan_readout(

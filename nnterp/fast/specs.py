@@ -12,6 +12,12 @@ A prompt runs through one kernel call; a component's signature table
 * ``state_shape(arguments)``: ``(batch, ...)`` of one state;
 * ``output_axis``: the token axis of the kernel's output (its outputs on two
   parts of a split call are concatenated there);
+* ``one_pass(arguments, out)``: the kernel's own return (its output, and its
+  final state when the call asks for it) computed with the states in one
+  pass, as ``(result, states)``, so the kernel call can be skipped; ``None``
+  where it would not equal the kernel's pure-torch body within float32
+  rounding (a model in another dtype: the body rounds its states first).
+  Only for a call the pure-torch body would run, without autograd;
 * ``resume(arguments, initial, result)``: only for a kernel that takes no
   initial state (Mamba-1's always starts from zeros): its ``result`` on
   ``arguments``, turned into what it would have returned starting from
@@ -33,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from .delta import gated_delta_states, kimi_delta_states
-from .selective import selective_scan_readout, selective_scan_states
+from .selective import selective_scan_output, selective_scan_readout, selective_scan_states
 from .ssd import ssd_states
 
 
@@ -44,6 +50,7 @@ class FastSpec:
     tokens: tuple
     state_shape: Callable[[dict], tuple]
     resume: Callable[[dict, torch.Tensor, object], object] | None = None
+    one_pass: Callable[[dict, torch.Tensor | None], tuple | None] | None = None
     #: The kernel output's token axis (split outputs are concatenated on it): Mamba-1's is channel-first.
     output_axis: int = 1
 
@@ -58,6 +65,17 @@ def _delta(states: Callable) -> Callable:
     return compute
 
 
+def _delta_one_pass(states: Callable) -> Callable:
+    def one_pass(a: dict, out: torch.Tensor | None) -> tuple | None:
+        if a["q"].dtype != torch.float32:
+            return None
+        y, out = states(a["q"], a["k"], a["v"], a["g"], a["beta"], a.get("state"), use_qk_l2norm=bool(a.get("l2norm") or False), output=True, out=out)
+        # The final state is kept by the cache: a copy, not a view that would keep every state alive.
+        return (y.contiguous(), out[:, -1].clone() if a.get("final") else None), out
+
+    return one_pass
+
+
 def _delta_shape(a: dict) -> tuple:
     v, k = a["v"], a["k"]
     return (v.shape[0], v.shape[2], k.shape[3], v.shape[3])
@@ -68,6 +86,17 @@ def _ssd(a: dict, out: torch.Tensor | None) -> torch.Tensor:
         a["x"], a["dt"], a["A"], a["B"], None, a.get("dt_bias"), bool(a.get("dt_softplus") or False),
         tuple(a.get("dt_limit") or (0.0, math.inf)), a.get("state"), out=out,
     )
+
+
+def _ssd_one_pass(a: dict, out: torch.Tensor | None) -> tuple | None:
+    if a["x"].dtype != torch.float32:
+        return None
+    y, out = ssd_states(
+        a["x"], a["dt"], a["A"], a["B"], a["C"], a.get("dt_bias"), bool(a.get("dt_softplus") or False),
+        tuple(a.get("dt_limit") or (0.0, math.inf)), a.get("state"), D=a.get("D"), output=True, out=out,
+    )
+    y = y.contiguous()  # callers view() the kernel's output
+    return ((y, out[:, -1].clone()) if a.get("final") else y), out
 
 
 def _ssd_shape(a: dict) -> tuple:
@@ -84,6 +113,17 @@ def _scan_shape(a: dict) -> tuple:
     return (x.shape[0], x.shape[2], A.shape[1])
 
 
+def _scan_one_pass(a: dict, out: torch.Tensor | None) -> tuple | None:
+    if a["x"].dtype != torch.float32:
+        return None
+    y, out = selective_scan_output(
+        a["x"], a["dt"], a["A"], a["B"], a["C"], a.get("D"), a.get("z"), a.get("dt_bias"), bool(a.get("dt_softplus") or False),
+        a.get("state"), out=out,
+    )
+    y = y.transpose(1, 2).contiguous()  # the kernel's layout, channel-first
+    return ((y, out[:, -1].clone()) if a.get("final") else y), out
+
+
 def _scan_resume(a: dict, initial: torch.Tensor, result: object) -> object:
     # The kernel returns y channel-first, [batch, channels, seq], and (with return_last_state) its final state.
     readout, decayed = selective_scan_readout(
@@ -97,10 +137,10 @@ def _scan_resume(a: dict, initial: torch.Tensor, result: object) -> object:
 
 
 #: transformers' ``torch_chunk_gated_delta_rule`` (Qwen3.5, Qwen3-Next, OLMo-Hybrid).
-GATED_DELTA = FastSpec("gated delta rule", _delta(gated_delta_states), ("q", "k", "v", "g", "beta"), _delta_shape)
+GATED_DELTA = FastSpec("gated delta rule", _delta(gated_delta_states), ("q", "k", "v", "g", "beta"), _delta_shape, one_pass=_delta_one_pass(gated_delta_states))
 #: transformers' ``chunk_kimi_delta_attention`` (Kimi-Linear).
-KIMI_DELTA = FastSpec("Kimi delta attention", _delta(kimi_delta_states), ("q", "k", "v", "g", "beta"), _delta_shape)
+KIMI_DELTA = FastSpec("Kimi delta attention", _delta(kimi_delta_states), ("q", "k", "v", "g", "beta"), _delta_shape, one_pass=_delta_one_pass(kimi_delta_states))
 #: transformers' ``mamba2_chunk_scan`` (Mamba-2).
-SSD = FastSpec("state space duality", _ssd, ("x", "dt", "B", "C"), _ssd_shape)
+SSD = FastSpec("state space duality", _ssd, ("x", "dt", "B", "C"), _ssd_shape, one_pass=_ssd_one_pass)
 #: transformers' ``mamba_selective_scan`` (Mamba-1, Falcon-Mamba, Jamba), which starts from zeros: ``resume``.
-SCAN = FastSpec("selective scan", _scan, ("x", "dt", "B", "C", "z"), _scan_shape, _scan_resume, output_axis=2)
+SCAN = FastSpec("selective scan", _scan, ("x", "dt", "B", "C", "z"), _scan_shape, _scan_resume, output_axis=2, one_pass=_scan_one_pass)

@@ -32,7 +32,7 @@ import math
 import torch
 
 from .buffers import empty_states
-from .scan import fill_states
+from .scan import differentiable, fill_states, step_states
 from .step import step_size
 
 
@@ -67,7 +67,8 @@ def ssd_states(
         chunk_size: tokens whose states one batched matmul computes (a run; `scan.FILL` by default).
         D: ``[heads]`` skip weight, for ``output``.
         output: also return the scan's output ``y_t = C_t·h_t + D x_t``
-            (computed from the states: one more pass over them).
+            (without autograd read off each state as it is written, the fast
+            path's one pass; under autograd one more pass over the states).
         out: a float32 ``[batch, seq, heads, head_dim, state_size]`` buffer to write into.
         dt_dtype: the dtype ``Δ`` is computed in before it is cast to float32:
             ``None`` is ``dt``'s own, as transformers' chunk scan computes it
@@ -94,12 +95,16 @@ def ssd_states(
         start = x.new_zeros(batch, heads, head_dim, size, dtype=torch.float32)
     else:
         start = initial_states.to(device=x.device, dtype=torch.float32)
-    fill_states(out, 0, start, log_decay, writes, keys, fill=chunk_size)
-    if not output:
-        return out
-    if C is None:
+    if output and C is None:
         raise ValueError("ssd_states(output=True) needs C")
-    y = torch.einsum("bthpn,bthn->bthp", out, _per_head(C.float(), heads))
+    if output and not differentiable(start, log_decay, writes, keys, C):
+        # One pass: each state's readout is taken while the state is in cache.
+        y = step_states(out, 0, start, log_decay, writes, keys, read=_per_head(C.float(), heads).transpose(1, 2)).transpose(1, 2)
+    else:
+        fill_states(out, 0, start, log_decay, writes, keys, fill=chunk_size)
+        if not output:
+            return out
+        y = torch.einsum("bthpn,bthn->bthp", out, _per_head(C.float(), heads))
     if D is not None:
         y = y + D.float()[:, None] * x.float()
     return y, out

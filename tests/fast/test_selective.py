@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers.models.mamba.modeling_mamba as mamba_modeling
 
-from nnterp.fast import SCAN, selective_scan_readout, selective_scan_states
+from nnterp.fast import SCAN, selective_scan_output, selective_scan_readout, selective_scan_states
 from nnterp.recurrent.kernels import torch_function
 from tests.reference.recurrences import selective_scan
 
@@ -58,10 +58,35 @@ def test_states_equal_the_token_loop(seq, with_initial):
 
 
 @pytest.mark.parametrize("chunk_size", [1, 3, 7, 64, 300])
-def test_chunk_sizes_agree(chunk_size):
+def test_chunk_sizes_under_autograd_agree_with_the_token_steps(chunk_size):
+    # Chunks are the autograd path; without autograd the states are written token by token.
     x, dt, A, B, C, D, z, bias, initial = inputs(70)
     reference = selective_scan_states(x, dt, A, B, bias, True, initial)
-    close(selective_scan_states(x, dt, A, B, bias, True, initial, chunk_size=chunk_size), reference, f"chunk_size={chunk_size}")
+    with torch.enable_grad():
+        chunked = selective_scan_states(x.requires_grad_(True), dt, A, B, bias, True, initial, chunk_size=chunk_size)
+    assert chunked.requires_grad
+    close(chunked.detach(), reference, f"chunk_size={chunk_size}")
+
+
+@pytest.mark.parametrize("seq", LENGTHS)
+@pytest.mark.parametrize("with_gate", [False, True])
+def test_one_pass_output_equals_transformers_kernel(seq, with_gate):
+    x, dt, A, B, C, D, z, bias, _ = inputs(seq)
+    z = z if with_gate else None
+    y, states = selective_scan_output(x, dt, A, B, C, D, z, bias, True)
+    scan = torch_function(mamba_modeling.mamba_selective_scan)
+    expected, final = scan(x.transpose(1, 2), dt.transpose(1, 2), A, B.transpose(1, 2), C.transpose(1, 2), D=D,
+                           z=None if z is None else z.transpose(1, 2), delta_bias=bias, delta_softplus=True, return_last_state=True)
+    close(y, expected.transpose(1, 2), "output")
+    close(states[:, -1], final, "final state")
+    _, loop = selective_scan(x, dt, A, B, C, D, z if z is not None else torch.full_like(x, 30.0), bias, True, None)
+    close(states, loop, "states")
+
+
+def test_one_pass_output_refuses_autograd():
+    x, dt, A, B, C, D, z, bias, _ = inputs(5)
+    with pytest.raises(ValueError, match="without autograd"):
+        selective_scan_output(x.requires_grad_(True), dt, A, B, C, D, z, bias, True)
 
 
 @pytest.mark.parametrize("seq", [3, 65, 200])

@@ -8,8 +8,13 @@ flash-linear-attention), by the names of the component's signature table,
 and:
 
 * ``states`` computes every state from them with `nnterp.fast` (the
-  component's ``FAST`` spec), vectorized, into one buffer; the kernel itself
-  runs as it would;
+  component's ``FAST`` spec) into one buffer. Where the call would run
+  transformers' pure-torch kernel on float32 inputs without autograd, the
+  spec's ``one_pass`` computes the kernel's output with the states and the
+  kernel call is skipped with it (one pass instead of the kernel plus a
+  second pass over its arguments: `ONE_PASS`); otherwise (an optimized kernel
+  bound, another dtype, autograd, another invoke sharing the call) the kernel
+  runs as it would and the states are a second pass;
 * ``state_after(t)`` runs the bound kernel on the tokens up to ``t`` (from the
   call's own entering state) and returns its final state;
 * ``states_of(positions)`` computes the states with the same spec, a block of
@@ -54,11 +59,14 @@ from ...fast.buffers import empty_states
 from ..arguments import serve
 from ..call import Call, order_hint
 from ..gradients import recording
-from ..kernels import bound, modeling_of
+from ..kernels import bound, modeling_of, optimized
 from .protocol import PerToken
 
 #: Tokens whose states `FromArguments.states_of` computes at once (its memory beyond the selection).
 SELECTION_BLOCK = 64
+#: Whether ``states`` computes a pure-torch kernel's output with the states and skips the call (measured faster
+#: on every kind with a fast path: docs/performance.md times both). ``False``: the kernel runs, then a second pass.
+ONE_PASS = True
 
 
 class FromArguments(PerToken):
@@ -128,14 +136,32 @@ class FromArguments(PerToken):
         # Without autograd, into the reused buffer with no graph; with it, into a fresh tensor, as a function of the
         # arguments (a loss on the states reaches them). The kernel never reads these states, so no later loss does.
         out = self._buffer((shape[0], call.seq, *shape[1:]), call.expected[2], differentiable)
+        done = self._one_pass(mixer, call, out) if not differentiable else None
         with torch.enable_grad() if differentiable else torch.no_grad():
-            for lo, hi, initial in self._segments(call):
+            for lo, hi, initial in self._segments(call) if done is None else ():
                 spec.compute(piece(spec, arguments, lo, hi, initial), out[:, lo:hi])
         for t, value in call.writes.items():
             out[:, t] = value
         call.states_read = True
         call.advance(call.seq - 1, "states")
         return out
+
+    def _one_pass(self, mixer: Any, call: Call, out: torch.Tensor) -> torch.Tensor | None:
+        """The states, with the kernel call skipped with the output computed alongside them, or ``None`` (see `ONE_PASS`)."""
+        cls = type(mixer)
+        if not ONE_PASS or cls.FAST.one_pass is None or call.writes or call.strategy["served"] or not covers_the_batch():
+            return None
+        if call.occurrences(f"{call.op.path}.input") > call.started:
+            return None  # the kernel already runs (a value read earlier needed it)
+        if optimized(bound(modeling_of(mixer._module), cls.CHUNK_FUNCTION)) is not None:
+            return None  # an optimized kernel: its output is what the run must get, and it is faster than this pass
+        with torch.no_grad():
+            done = cls.FAST.one_pass(call.strategy["named"], out)
+        if done is None:
+            return None
+        call.op.skip(done[0])
+        call.strategy["served"] = True
+        return done[1]
 
     def state_after(self, mixer: Any, t: int) -> torch.Tensor:
         what = f"state_after({t})"

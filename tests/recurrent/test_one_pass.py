@@ -1,0 +1,143 @@
+"""The fast path's one pass: reading ``states`` computes the kernel's output with them and skips the kernel call.
+
+Oracles, none from nnterp: a plain transformers forward (its logits and its
+cache's final states), transformers' cache after each prefix, a plain greedy
+loop, and whether transformers' pure-torch kernel body ran at all (counted by
+a profile hook on its code object). Every family with a fast path, in
+float32; the cases where the kernel must run instead (another dtype, two
+invokes sharing the call, one_pass switched off) are checked to run it and to
+give the same answers.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from nnterp import StandardizedTransformer, fast_states
+from nnterp.recurrent.per_token import from_arguments
+from tests.recurrent.test_from_arguments import FAST, LONG, OTHER, PROMPT, loaded, mixers  # noqa: F401 (fixture)
+from tests.reference import hf_oracles as hf
+
+
+def kernel_body(model):
+    """transformers' pure-torch body of the mixer's prompt kernel, read from the modeling module's binding."""
+    fn = getattr(model.family.MODELING, model.family.MIXER.CHUNK_FUNCTION)
+    cells = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
+    return cells.get("torch_function", fn)
+
+
+@contextmanager
+def counting(body):
+    """Counts the calls of ``body`` (a Python function) while the block runs."""
+    calls = []
+    code = body.__code__
+
+    def hook(frame, event, arg):
+        if event == "call" and frame.f_code is code:
+            calls.append(1)
+
+    previous = sys.getprofile()
+    sys.setprofile(hook)
+    try:
+        yield calls
+    finally:
+        sys.setprofile(previous)
+
+
+def plain_run(plain, ids):
+    with torch.no_grad():
+        out = hf._forward(plain, ids)
+    return out.logits, hf.output_cache(out)
+
+
+def tolerance(expected):
+    return {"rtol": 1e-4, "atol": 1e-5 * max(1.0, expected.abs().max().item())}
+
+
+@pytest.mark.parametrize("model_type", FAST)
+def test_reading_every_layers_states_skips_the_kernel_and_keeps_the_forward(loaded, model_type):
+    model, plain = loaded(model_type)
+    ids = model.tokenizer(LONG, return_tensors="pt").input_ids
+    layers = mixers(model)
+    states, finals, logits = [], [], []  # names first bound inside a trace body do not outlive it
+    with counting(kernel_body(model)) as calls, torch.no_grad(), model.trace(ids):
+        for i in layers:
+            states.append(model.layers[i].linear_attn.states.save())
+        finals.append(model.layers[layers[-1]].linear_attn.state_output.save())
+        logits.append(model.logits.save())
+    logits = logits[0]
+    assert calls == [], "the kernel body ran although every call's states were read"
+    expected_logits, cache = plain_run(plain, ids)
+    torch.testing.assert_close(logits, expected_logits, **tolerance(expected_logits))
+    for layer, read in zip(layers, states):
+        cached = hf.recurrent_state(cache, layer)
+        torch.testing.assert_close(read[:, -1], cached.float(), **tolerance(cached))
+    torch.testing.assert_close(finals[0].float(), hf.recurrent_state(cache, layers[-1]).float(), **tolerance(finals[0]))
+    first = hf.prefix_states(plain, ids, layers[0])
+    torch.testing.assert_close(states[0], first.float(), **tolerance(first))
+
+
+@pytest.mark.parametrize("model_type", FAST)
+def test_with_one_pass_off_the_kernel_runs_and_the_answers_are_the_same(loaded, model_type, monkeypatch):
+    model, _ = loaded(model_type)
+    ids = model.tokenizer(LONG, return_tensors="pt").input_ids
+    layer = mixers(model)[0]
+    with torch.no_grad(), model.trace(ids):
+        one = model.layers[layer].linear_attn.states.save()
+        one_logits = model.logits.save()
+    monkeypatch.setattr(from_arguments, "ONE_PASS", False)
+    with counting(kernel_body(model)) as calls, torch.no_grad(), model.trace(ids):
+        two = model.layers[layer].linear_attn.states.save()
+        two_logits = model.logits.save()
+    assert len(calls) == len(mixers(model)), "every recurrent layer's kernel runs once"
+    torch.testing.assert_close(one, two, **tolerance(two))
+    torch.testing.assert_close(one_logits, two_logits, **tolerance(two_logits))
+
+
+@pytest.mark.parametrize("model_type", FAST)
+def test_a_generate_continues_from_the_one_pass_final_state(loaded, model_type):
+    model, plain = loaded(model_type)
+    ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
+    layers = mixers(model)
+    out = []
+    with counting(kernel_body(model)) as calls, torch.no_grad():
+        with model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4) as tracer:
+            for i in layers:
+                model.layers[i].linear_attn.states  # the prompt's call: every layer's kernel skipped
+            out.append(tracer.result.save())
+    out = out[0]
+    assert calls == [], "the prompt's kernel calls were skipped (decode steps run the one-token kernel)"
+    expected = hf.greedy(plain, ids, 4, suppress_tokens=(plain.config.eos_token_id,))
+    assert torch.equal(out[:, : expected.shape[1]], expected)
+
+
+def test_two_invokes_sharing_a_call_run_the_kernel(loaded):
+    model, plain = loaded(FAST[0])
+    layer = mixers(model)[0]
+    with counting(kernel_body(model)) as calls, torch.no_grad(), model.trace() as tracer:
+        with tracer.invoke(PROMPT):
+            first = model.layers[layer].linear_attn.states.save()
+        with tracer.invoke(OTHER):
+            logits = model.logits.save()
+    assert calls, "a skip must cover every row: the kernel runs when another invoke shares the call"
+    ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
+    expected = hf.prefix_states(plain, ids, layer)
+    torch.testing.assert_close(first[:, -ids.shape[1]:], expected, **tolerance(expected))
+    other = model.tokenizer(OTHER, return_tensors="pt").input_ids
+    expected_logits, _ = plain_run(plain, other)
+    torch.testing.assert_close(logits[-1:, -1], expected_logits[:, -1], **tolerance(expected_logits))
+
+
+@pytest.mark.parametrize("model_type", FAST[:1])
+def test_a_bfloat16_model_runs_the_kernel(checkpoint, model_type):
+    # The pure-torch body rounds its states to the model's dtype before its readout: one pass would not equal it.
+    model = StandardizedTransformer(str(checkpoint(model_type)), dispatch=True, device="cpu", dtype=torch.bfloat16)
+    ids = model.tokenizer(LONG, return_tensors="pt").input_ids
+    layer = mixers(model)[0]
+    with fast_states(model), counting(kernel_body(model)) as calls, torch.no_grad(), model.trace(ids):
+        model.layers[layer].linear_attn.states.save()
+    assert len(calls) == len(mixers(model))
