@@ -190,6 +190,26 @@ def test_a_generator_of_positions_serves_every_layer(load):
         close(got[layer], states[layer][:, [4, 1]])
 
 
+def test_on_every_step_of_generate_the_last_position_is_the_state_the_step_leaves(load):
+    model = load("qwen3_5_text")
+    steps = 3
+    run = dict(max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
+    with nnterp.fast_states(model):
+        with torch.no_grad(), model.generate(PROMPT, **run) as tracer:
+            chosen = nnsight.save([])
+            for _ in tracer.iter[:steps]:
+                chosen.append(model.states_of(positions=[-1], layers=[2, 0]))
+        with torch.no_grad(), model.generate(PROMPT, **run) as tracer:
+            leaving = nnsight.save([])
+            for _ in tracer.iter[:steps]:
+                leaving.append({i: model.layers[i].linear_attn.state_output for i in (0, 2)})
+    assert len(chosen) == len(leaving) == steps
+    for got, expected in zip(chosen, leaving):
+        assert list(got) == [0, 2]
+        for layer in (0, 2):
+            close(got[layer][:, 0], expected[layer])
+
+
 def test_bad_layers_and_positions_are_refused_with_what_to_ask_for(load):
     model = load("qwen3_5_text")  # layers 0-2 gated DeltaNet, layer 3 attention
     ids = ids_of(model)
