@@ -35,6 +35,7 @@ from .core.values import DerivedEProperty, EProperty, Unwrap
 from .families import family_for
 from .recurrent.routing import refused_device
 from .recurrent.settings import mark_remote, marked_generating
+from .selection import states_of
 from .support import describe, support_table
 
 
@@ -191,6 +192,21 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
         description="softmax over the vocabulary at each row's last token, [batch, vocab]",
         annotation=Probs,
     )
+
+    def states_of(self, positions: Any = None, layers: Any = None) -> dict[int, torch.Tensor]:
+        """The states of the recurrent layers ``layers`` after tokens ``positions``: ``{layer: [batch, len(positions), ...state]}``.
+
+        Inside a trace: ``chosen = model.states_of(positions=[3, -1], layers=[0, 2]).save()``
+        (a plain dict: ``.save()`` keeps it and its tensors). Each entry is
+        that layer's ``linear_attn.states_of(positions)`` (same positions, same
+        errors, float32), or its ``states`` when ``positions`` is ``None``.
+        ``layers``: model layer indices (an int, a sequence, negative ones from
+        the end), each with a recurrent mixer; ``None``: every such layer. The
+        keys are the indices counted from 0, in model order. Only the selected
+        layers compute anything, each as its own ``states_of`` does (on the fast
+        path: up to the last selected token, a block at a time).
+        """
+        return states_of(self, positions, layers)
 
     def interleave(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """nnsight's driver of every trace, refusing first a run a compiled kernel would refuse.

@@ -173,6 +173,21 @@ def test_fast_states_run_remotely(kind, models, sent):
         assert_same(per_token_write(remote, layer, True), per_token_write(local, layer, False))
 
 
+def selected_states(model: StandardizedTransformer, remote: bool) -> dict:
+    with model.trace(PROMPT, remote=remote):  # gradient mode as on a server (see per_token)
+        chosen = model.states_of(positions=[3, -1]).save()  # a saved dict comes back with its tensors
+    return {f"layers[{layer}]": states for layer, states in chosen.items()}
+
+
+@pytest.mark.parametrize("kind", FAST)
+def test_model_states_of_runs_remotely(kind, models, sent):
+    local, remote = models(kind)
+    with nnterp.fast_states(remote), nnterp.fast_states(local):
+        ours = selected_states(remote, True)
+        assert len(ours) == sum(layer.linear_attn is not None for layer in local.layers)
+        assert_same(ours, selected_states(local, False))
+
+
 def test_mamba1_per_token_states_run_remotely_unrouted(models, sent):
     # Mamba-1's pure-torch prompt kernel is the token loop itself: nothing to route, on a server either.
     local, remote = models("mamba")
