@@ -67,6 +67,9 @@ def step_states(out: torch.Tensor, first: int, start: torch.Tensor, g: torch.Ten
     ``read``: ``[batch, heads, n, cols]``; returns ``[batch, heads, n, rows]``,
     ``S_t read_t`` for every token, computed while ``S_t`` is in cache (the
     output of a linear-attention or SSD kernel, before its skip term).
+    ``out`` may hold fewer tokens than are written (a ring: token ``first + t``
+    goes to slot ``(first + t) % out.shape[1]``; two slots keep the last state
+    only), for a readout without the states.
     """
     n = g.shape[2]
     decay = g.float().exp()[..., None]  # [b, h, n, 1 | rows, 1]
@@ -74,8 +77,9 @@ def step_states(out: torch.Tensor, first: int, start: torch.Tensor, g: torch.Ten
     a, b = a.contiguous(), b.contiguous()
     readout = None if read is None else a.new_empty(a.shape[0], a.shape[1], n, a.shape[-1], dtype=torch.float32)
     previous = start
+    slots = out.shape[1]
     for t in range(n):
-        state = out[:, first + t]
+        state = out[:, (first + t) % slots]
         torch.mul(previous, decay[:, :, t], out=state)
         state.addcmul_(a[:, :, t, :, None], b[:, :, t, None, :])
         if read is not None:

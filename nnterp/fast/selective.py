@@ -100,20 +100,23 @@ def selective_scan_output(
     dt_softplus: bool = True,
     initial_state: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    ring: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The scan's output and the state after every token, in one pass (no autograd; tokens first).
 
     ``y_t = (Σ_n C_t[n] h_t[:, n] + D ⊙ x_t) ⊙ silu(z_t)``, the kernel's
     output, read from each state while it is in cache. Arguments as in
     `selective_scan_states`, plus ``C`` ``[batch, seq, state_size]``, ``D``
-    ``[channels]`` and the gate ``z`` ``[batch, seq, channels]``.
+    ``[channels]`` and the gate ``z`` ``[batch, seq, channels]``. With
+    ``ring=True``, ``out`` is ``[batch, slots, channels, state_size]`` and
+    token ``t``'s state goes to slot ``t % slots`` (the output without the states).
 
     Returns:
         ``(y [batch, seq, channels], states [batch, seq, channels, state_size])``, float32.
     """
     if differentiable(x, dt, A, B, C, D, z, dt_bias, initial_state):
         raise ValueError("selective_scan_output runs without autograd (it writes its states in place)")
-    y, states = _states(x, dt, A, B, dt_bias, dt_softplus, initial_state, out, None, C)
+    y, states = _states(x, dt, A, B, dt_bias, dt_softplus, initial_state, out, None, C, ring)
     if D is not None:
         y += D.float() * x.float()
     if z is not None:
@@ -121,14 +124,14 @@ def selective_scan_output(
     return y, states
 
 
-def _states(x, dt, A, B, dt_bias, dt_softplus, initial_state, out, chunk_size, C=None):
+def _states(x, dt, A, B, dt_bias, dt_softplus, initial_state, out, chunk_size, C=None, ring=False):
     """``(readout or None, states)``: token by token without autograd (`_step`), in chunks under it."""
     batch, seq, channels = x.shape
     size = A.shape[-1]
     shape = (batch, seq, channels, size)
     if out is None:
         out = empty_states(shape, x.device)
-    elif tuple(out.shape) != shape or out.dtype != torch.float32:
+    elif (tuple(out.shape) != shape and not (ring and out.shape[2:] == shape[2:])) or out.dtype != torch.float32:
         raise ValueError(f"out must be float32 {shape}, got {out.dtype} {tuple(out.shape)}")
     if seq == 0:
         return (None if C is None else x.new_zeros(batch, 0, channels, dtype=torch.float32)), out
@@ -185,6 +188,7 @@ def _step(x, dt, A, B, dt_bias, dt_softplus, initial_state, out, C):
     previous = x.new_zeros(batch, channels, A.shape[-1], dtype=torch.float32) if initial_state is None else initial_state.float()
     decay = torch.empty_like(previous)
     readout = None if C is None else x.new_empty(batch, seq, channels, dtype=torch.float32)
+    slots = out.shape[1]  # fewer than seq: a ring (`selective_scan_output(ring=True)`)
     for lo in range(0, seq, READOUT_BLOCK):
         hi = min(seq, lo + READOUT_BLOCK)
         step = step_size(dt[:, lo:hi], dt_bias, dt_softplus).float()  # Δ, [b, block, d]
@@ -192,7 +196,7 @@ def _step(x, dt, A, B, dt_bias, dt_softplus, initial_state, out, C):
         keys = B[:, lo:hi].float()
         reads = None if C is None else C[:, lo:hi].float()
         for t in range(hi - lo):
-            state = out[:, lo + t]
+            state = out[:, (lo + t) % slots]
             torch.mul(A, step[:, t, :, None], out=decay)
             torch.mul(previous, decay.exp_(), out=state)
             state.addcmul_(writes[:, t, :, None], keys[:, t, None, :])

@@ -18,6 +18,10 @@ A prompt runs through one kernel call; a component's signature table
   where it would not equal the kernel's pure-torch body within float32
   rounding (a model in another dtype: the body rounds its states first).
   Only for a call the pure-torch body would run, without autograd;
+* ``ring``: whether ``one_pass`` takes an ``out`` with fewer tokens than the
+  call (token ``t`` in slot ``t % slots``), so it returns the kernel's result
+  without keeping the states: Mamba's, where that beats transformers' torch
+  kernel on the parts of a split call (its token loop; its chunk scan);
 * ``resume(arguments, initial, result)``: only for a kernel that takes no
   initial state (Mamba-1's always starts from zeros): its ``result`` on
   ``arguments``, turned into what it would have returned starting from
@@ -51,6 +55,7 @@ class FastSpec:
     state_shape: Callable[[dict], tuple]
     resume: Callable[[dict, torch.Tensor, object], object] | None = None
     one_pass: Callable[[dict, torch.Tensor | None], tuple | None] | None = None
+    ring: bool = False
     #: The kernel output's token axis (split outputs are concatenated on it): Mamba-1's is channel-first.
     output_axis: int = 1
 
@@ -70,8 +75,7 @@ def _delta_one_pass(states: Callable) -> Callable:
         if a["q"].dtype != torch.float32:
             return None
         y, out = states(a["q"], a["k"], a["v"], a["g"], a["beta"], a.get("state"), use_qk_l2norm=bool(a.get("l2norm") or False), output=True, out=out)
-        # The final state is kept by the cache: a copy, not a view that would keep every state alive.
-        return (y.contiguous(), out[:, -1].clone() if a.get("final") else None), out
+        return (y.contiguous(), _last(out, out.shape[1]) if a.get("final") else None), out
 
     return one_pass
 
@@ -88,15 +92,22 @@ def _ssd(a: dict, out: torch.Tensor | None) -> torch.Tensor:
     )
 
 
+def _last(out: torch.Tensor, seq: int) -> torch.Tensor:
+    """The state after the last token, as a copy (the cache keeps it: a view would keep every state alive)."""
+    return out[:, (seq - 1) % out.shape[1]].clone()
+
+
 def _ssd_one_pass(a: dict, out: torch.Tensor | None) -> tuple | None:
     if a["x"].dtype != torch.float32:
         return None
+    seq = a["x"].shape[1]
     y, out = ssd_states(
         a["x"], a["dt"], a["A"], a["B"], a["C"], a.get("dt_bias"), bool(a.get("dt_softplus") or False),
         tuple(a.get("dt_limit") or (0.0, math.inf)), a.get("state"), D=a.get("D"), output=True, out=out,
+        ring=out is not None and out.shape[1] < seq,
     )
     y = y.contiguous()  # callers view() the kernel's output
-    return ((y, out[:, -1].clone()) if a.get("final") else y), out
+    return ((y, _last(out, seq)) if a.get("final") else y), out
 
 
 def _ssd_shape(a: dict) -> tuple:
@@ -116,12 +127,13 @@ def _scan_shape(a: dict) -> tuple:
 def _scan_one_pass(a: dict, out: torch.Tensor | None) -> tuple | None:
     if a["x"].dtype != torch.float32:
         return None
+    seq = a["x"].shape[1]
     y, out = selective_scan_output(
         a["x"], a["dt"], a["A"], a["B"], a["C"], a.get("D"), a.get("z"), a.get("dt_bias"), bool(a.get("dt_softplus") or False),
-        a.get("state"), out=out,
+        a.get("state"), out=out, ring=out is not None and out.shape[1] < seq,
     )
     y = y.transpose(1, 2).contiguous()  # the kernel's layout, channel-first
-    return ((y, out[:, -1].clone()) if a.get("final") else y), out
+    return ((y, _last(out, seq)) if a.get("final") else y), out
 
 
 def _scan_resume(a: dict, initial: torch.Tensor, result: object) -> object:
@@ -141,6 +153,6 @@ GATED_DELTA = FastSpec("gated delta rule", _delta(gated_delta_states), ("q", "k"
 #: transformers' ``chunk_kimi_delta_attention`` (Kimi-Linear).
 KIMI_DELTA = FastSpec("Kimi delta attention", _delta(kimi_delta_states), ("q", "k", "v", "g", "beta"), _delta_shape, one_pass=_delta_one_pass(kimi_delta_states))
 #: transformers' ``mamba2_chunk_scan`` (Mamba-2).
-SSD = FastSpec("state space duality", _ssd, ("x", "dt", "B", "C"), _ssd_shape, one_pass=_ssd_one_pass)
+SSD = FastSpec("state space duality", _ssd, ("x", "dt", "B", "C"), _ssd_shape, one_pass=_ssd_one_pass, ring=True)
 #: transformers' ``mamba_selective_scan`` (Mamba-1, Falcon-Mamba, Jamba), which starts from zeros: ``resume``.
-SCAN = FastSpec("selective scan", _scan, ("x", "dt", "B", "C", "z"), _scan_shape, _scan_resume, output_axis=2, one_pass=_scan_one_pass)
+SCAN = FastSpec("selective scan", _scan, ("x", "dt", "B", "C", "z"), _scan_shape, _scan_resume, output_axis=2, one_pass=_scan_one_pass, ring=True)

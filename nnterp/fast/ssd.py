@@ -51,6 +51,7 @@ def ssd_states(
     output: bool = False,
     out: torch.Tensor | None = None,
     dt_dtype: torch.dtype | None = None,
+    ring: bool = False,
 ):
     """The state after every token of a Mamba-2 mixer, from its chunk scan's arguments.
 
@@ -70,6 +71,8 @@ def ssd_states(
             (without autograd read off each state as it is written, the fast
             path's one pass; under autograd one more pass over the states).
         out: a float32 ``[batch, seq, heads, head_dim, state_size]`` buffer to write into.
+        ring: with ``output`` and no autograd, ``out`` may be ``[batch, slots, ...]``:
+            token ``t``'s state goes to slot ``t % slots`` (the output without the states).
         dt_dtype: the dtype ``Δ`` is computed in before it is cast to float32:
             ``None`` is ``dt``'s own, as transformers' chunk scan computes it
             (see Precision in the module docstring).
@@ -85,7 +88,7 @@ def ssd_states(
     shape = (batch, seq, heads, head_dim, size)
     if out is None:
         out = empty_states(shape, x.device)
-    elif tuple(out.shape) != shape or out.dtype != torch.float32:
+    elif (tuple(out.shape) != shape and not (ring and out.shape[2:] == shape[2:])) or out.dtype != torch.float32:
         raise ValueError(f"out must be float32 {shape}, got {out.dtype} {tuple(out.shape)}")
     step = step_size(dt.to(dt_dtype or dt.dtype), dt_bias, dt_softplus, dt_limit).float()  # Δ, [b, seq, h]
     log_decay = (step * A.float()).transpose(1, 2)[..., None]  # [b, h, seq, 1], ≤ 0
@@ -97,6 +100,8 @@ def ssd_states(
         start = initial_states.to(device=x.device, dtype=torch.float32)
     if output and C is None:
         raise ValueError("ssd_states(output=True) needs C")
+    if ring and (not output or differentiable(start, log_decay, writes, keys, C)):
+        raise ValueError("ssd_states(ring=True) is for the output without autograd")
     if output and not differentiable(start, log_decay, writes, keys, C):
         # One pass: each state's readout is taken while the state is in cache.
         y = step_states(out, 0, start, log_decay, writes, keys, read=_per_head(C.float(), heads).transpose(1, 2)).transpose(1, 2)

@@ -80,6 +80,13 @@ def test_ssd_states_equal_the_token_loop(seq, groups):
     assert states.shape == (2, seq, heads, head_dim, size)
     close(states, expected, "states")
     close(y, y_ref, "outputs")
+    # Two slots for states: the same output, the last state in slot (seq - 1) % 2.
+    ring = torch.full((2, 2, heads, head_dim, size), float("nan"))
+    y_ring, _ = ssd_states(x, dt, A, B, C, dt_bias, True, limit, initial, D=D, output=True, out=ring, ring=True)
+    close(y_ring, y_ref, "outputs, two slots")
+    close(ring[:, (seq - 1) % 2], expected[:, -1], "last state, two slots")
+    with pytest.raises(ValueError, match="out must be float32"):
+        ssd_states(x, dt, A, B, C, dt_bias, True, limit, initial, D=D, output=True, out=ring)
 
 
 @pytest.mark.parametrize("chunk_size", [1, 5, 16, 64, 256])

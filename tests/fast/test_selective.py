@@ -79,6 +79,10 @@ def test_one_pass_output_equals_transformers_kernel(seq, with_gate):
                            z=None if z is None else z.transpose(1, 2), delta_bias=bias, delta_softplus=True, return_last_state=True)
     close(y, expected.transpose(1, 2), "output")
     close(states[:, -1], final, "final state")
+    ring = torch.full((2, 2, 6, 4), float("nan"))
+    y_ring, _ = selective_scan_output(x, dt, A, B, C, D, z, bias, True, out=ring, ring=True)
+    close(y_ring, expected.transpose(1, 2), "output, two slots")
+    close(ring[:, (seq - 1) % 2], final, "final state, two slots")
     _, loop = selective_scan(x, dt, A, B, C, D, z if z is not None else torch.full_like(x, 30.0), bias, True, None)
     close(states, loop, "states")
 

@@ -1,5 +1,8 @@
 """The fast path's one pass: reading ``states`` computes the kernel's output with them and skips the kernel call.
 
+On Mamba, a write runs the same pass (two slots for states) on both parts of the split call instead of
+transformers' torch kernel.
+
 Oracles, none from nnterp: a plain transformers forward (its logits and its
 cache's final states), transformers' cache after each prefix, a plain greedy
 loop, and whether transformers' pure-torch kernel body ran at all (counted by
@@ -18,8 +21,11 @@ import pytest
 import torch
 
 from nnterp import StandardizedTransformer, fast_states
+from nnterp.components.selective_scan import SelectiveScan
+from nnterp.components.state_space import StateSpace
+from nnterp.families import REGISTRY
 from nnterp.recurrent.per_token import from_arguments
-from tests.recurrent.test_from_arguments import FAST, LONG, OTHER, PROMPT, loaded, mixers  # noqa: F401 (fixture)
+from tests.recurrent.test_from_arguments import FAST, LONG, OTHER, PROMPT, loaded, mixers, state_donor  # noqa: F401 (fixture)
 from tests.reference import hf_oracles as hf
 
 
@@ -141,3 +147,41 @@ def test_a_bfloat16_model_runs_the_kernel(checkpoint, model_type):
     with fast_states(model), counting(kernel_body(model)) as calls, torch.no_grad(), model.trace(ids):
         model.layers[layer].linear_attn.states.save()
     assert len(calls) == len(mixers(model))
+
+
+#: Mamba-1 and Mamba-2 families: transformers' torch kernel (a token loop, a chunk scan) is slower than the pass.
+RING = [t for t in FAST if issubclass(REGISTRY[t].MIXER, (SelectiveScan, StateSpace))]
+
+
+@pytest.mark.parametrize("model_type", RING)
+def test_a_write_on_mamba_runs_the_pass_on_both_parts_not_the_kernel(loaded, model_type):
+    model, plain = loaded(model_type)
+    ids = model.tokenizer(LONG, return_tensors="pt").input_ids
+    layer = mixers(model)[0]
+    mix = model.layers[layer].linear_attn
+    value = state_donor(mix)
+    logits = []
+    with counting(kernel_body(model)) as calls, torch.no_grad(), model.trace(ids):
+        mix.state_after(5)
+        mix.set_state_after(5, value)
+        logits.append(model.logits.save())
+    # The other recurrent layers run the kernel as usual; the written one runs the pass on each part.
+    assert len(calls) == len(mixers(model)) - 1
+    expected = hf.continue_from_state(plain, ids, 5, layer, value)
+    torch.testing.assert_close(logits[0][:, -1], expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", RING[:1])
+def test_under_autograd_a_write_runs_the_kernel_and_its_target_gets_a_gradient(loaded, model_type):
+    model, plain = loaded(model_type)
+    ids = model.tokenizer(LONG, return_tensors="pt").input_ids
+    layer = mixers(model)[0]
+    mix = model.layers[layer].linear_attn
+    value = state_donor(mix).requires_grad_(True)
+    grads = []
+    with counting(kernel_body(model)) as calls, model.trace(ids):
+        mix.set_state_after(5, value)
+        model.logits[:, -1].sum().backward()
+        grads.append(value.grad.save())
+    assert len(calls) == len(mixers(model)) + 1, "the written layer's kernel runs on both parts"
+    assert grads[0] is not None and grads[0].abs().sum() > 0

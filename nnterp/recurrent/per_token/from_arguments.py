@@ -21,7 +21,9 @@ and:
   `SELECTION_BLOCK` tokens at a time, up to the last selected position only,
   keeping the selected ones: memory is the selection plus one block;
 * ``set_state_after(t, value)`` splits the call at ``t``: the bound kernel runs
-  on ``[:t+1]`` and on ``[t+1:]`` from ``value``, and the call is skipped with
+  on ``[:t+1]`` and on ``[t+1:]`` from ``value`` (on Mamba, where the pure-torch
+  kernel would run without autograd, the spec's ``one_pass`` with two slots
+  for states runs instead: it is the cheaper of the two; ``state_after(t)`` alike), and the call is skipped with
   ``(both outputs concatenated, the second's final state)``, so token ``t``
   keeps its own readout and the rest continue from ``value``. Later writes in
   the same call re-split and replace the output. When another invoke shares
@@ -112,6 +114,16 @@ class FromArguments(PerToken):
     def _run_kernel(self, mixer: Any, call: Call, lo: int, hi: int, initial: Any, final: bool) -> Any:
         """The bound kernel (whatever it is) on tokens ``[lo, hi)`` of the call, from ``initial``."""
         cls = type(mixer)
+        if ONE_PASS and cls.FAST.ring and self._pure_torch(mixer) and not recording(initial):
+            arguments = piece(cls.FAST, call.strategy["named"], lo, hi, initial)
+            if not any(recording(x) for x in arguments.values()):
+                # transformers' torch kernel is slower than this pass (a token loop, a chunk scan); two slots keep
+                # the last state only.
+                shape = cls.FAST.state_shape(arguments)
+                with torch.no_grad():
+                    done = cls.FAST.one_pass({**arguments, "final": final}, torch.empty((shape[0], 2, *shape[1:]), device=call.expected[2]))
+                if done is not None:
+                    return done[0]
         args, kwargs = cut(cls.CHUNK_ARGUMENTS, cls.FAST.tokens, call.arguments, lo, hi, initial, final)
         result = bound(modeling_of(mixer._module), cls.CHUNK_FUNCTION)(*args, **kwargs)
         if initial is not None and "state" not in cls.CHUNK_ARGUMENTS:
@@ -153,7 +165,7 @@ class FromArguments(PerToken):
             return None
         if call.occurrences(f"{call.op.path}.input") > call.started:
             return None  # the kernel already runs (a value read earlier needed it)
-        if optimized(bound(modeling_of(mixer._module), cls.CHUNK_FUNCTION)) is not None:
+        if not self._pure_torch(mixer):
             return None  # an optimized kernel: its output is what the run must get, and it is faster than this pass
         with torch.no_grad():
             done = cls.FAST.one_pass(call.strategy["named"], out)
@@ -162,6 +174,11 @@ class FromArguments(PerToken):
         call.op.skip(done[0])
         call.strategy["served"] = True
         return done[1]
+
+    @staticmethod
+    def _pure_torch(mixer: Any) -> bool:
+        """Whether the mixer's prompt kernel call runs transformers' pure-torch body (no optimized kernel bound)."""
+        return optimized(bound(modeling_of(mixer._module), type(mixer).CHUNK_FUNCTION)) is None
 
     def state_after(self, mixer: Any, t: int) -> torch.Tensor:
         what = f"state_after({t})"
