@@ -104,7 +104,7 @@ def _ssd_one_pass(a: dict, out: torch.Tensor | None) -> tuple | None:
     y, out = ssd_states(
         a["x"], a["dt"], a["A"], a["B"], a["C"], a.get("dt_bias"), bool(a.get("dt_softplus") or False),
         tuple(a.get("dt_limit") or (0.0, math.inf)), a.get("state"), D=a.get("D"), output=True, out=out,
-        ring=out is not None and out.shape[1] < seq,
+        ring=out is not None and out.shape[1] != seq,
     )
     y = y.contiguous()  # callers view() the kernel's output
     return ((y, _last(out, seq)) if a.get("final") else y), out
@@ -130,7 +130,7 @@ def _scan_one_pass(a: dict, out: torch.Tensor | None) -> tuple | None:
     seq = a["x"].shape[1]
     y, out = selective_scan_output(
         a["x"], a["dt"], a["A"], a["B"], a["C"], a.get("D"), a.get("z"), a.get("dt_bias"), bool(a.get("dt_softplus") or False),
-        a.get("state"), out=out, ring=out is not None and out.shape[1] < seq,
+        a.get("state"), out=out, ring=out is not None and out.shape[1] != seq,
     )
     y = y.transpose(1, 2).contiguous()  # the kernel's layout, channel-first
     return ((y, _last(out, seq)) if a.get("final") else y), out

@@ -154,7 +154,8 @@ RING = [t for t in FAST if issubclass(REGISTRY[t].MIXER, (SelectiveScan, StateSp
 
 
 @pytest.mark.parametrize("model_type", RING)
-def test_a_write_on_mamba_runs_the_pass_on_both_parts_not_the_kernel(loaded, model_type):
+@pytest.mark.parametrize("T", [5, -2])  # -2: the second part is one token
+def test_a_write_on_mamba_runs_the_pass_on_both_parts_not_the_kernel(loaded, model_type, T):
     model, plain = loaded(model_type)
     ids = model.tokenizer(LONG, return_tensors="pt").input_ids
     layer = mixers(model)[0]
@@ -162,12 +163,12 @@ def test_a_write_on_mamba_runs_the_pass_on_both_parts_not_the_kernel(loaded, mod
     value = state_donor(mix)
     logits = []
     with counting(kernel_body(model)) as calls, torch.no_grad(), model.trace(ids):
-        mix.state_after(5)
-        mix.set_state_after(5, value)
+        mix.state_after(T)
+        mix.set_state_after(T, value)
         logits.append(model.logits.save())
     # The other recurrent layers run the kernel as usual; the written one runs the pass on each part.
     assert len(calls) == len(mixers(model)) - 1
-    expected = hf.continue_from_state(plain, ids, 5, layer, value)
+    expected = hf.continue_from_state(plain, ids, T % ids.shape[1], layer, value)
     torch.testing.assert_close(logits[0][:, -1], expected, rtol=1e-4, atol=1e-4)
 
 
