@@ -39,6 +39,8 @@ from .scan import carry, differentiable, fill_states
 
 #: Tokens per chunk of the UT transform, as transformers' chunk kernel.
 CHUNK_SIZE = 64
+#: Tokens per block of a per-key-channel decay's scores (`_channel_scores`).
+SUB_BLOCK = 16
 
 
 def rsqrt_l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -190,5 +192,34 @@ def _decay_and_scores(k, cum, causal, q=None, decay=None):
         if decay is None:
             decay = (cum[..., :, None, 0] - cum[..., None, :, 0]).masked_fill(~causal, float("-inf")).exp()
         return decay, (x @ k.transpose(-1, -2)) * decay
-    decay = (cum[..., :, None, :] - cum[..., None, :, :]).masked_fill(~causal[..., None], float("-inf")).exp()
-    return decay, (x[..., :, None, :] * k[..., None, :, :] * decay).sum(-1)
+    size = k.shape[-2]
+    if size % SUB_BLOCK or size == SUB_BLOCK:
+        decay = (cum[..., :, None, :] - cum[..., None, :, :]).masked_fill(~causal[..., None], float("-inf")).exp()
+        return decay, (x[..., :, None, :] * k[..., None, :, :] * decay).sum(-1)
+    return None, _channel_scores(x, k, cum, causal[:SUB_BLOCK, :SUB_BLOCK])
+
+
+def _channel_scores(x, k, cum, causal):
+    """``Σ_d x_i[d] exp(c_i[d] − c_j[d]) k_j[d]`` (j ≤ i) by blocks of `SUB_BLOCK` tokens, as FLA's kernels do.
+
+    Within a diagonal block the exact ``[s, s, dk]`` product; for a block ``I``
+    after a block ``J`` with ``b`` the last token of ``J``, ``exp(c_i − c_j) =
+    exp(c_i − c_b) exp(c_b − c_j)`` with both exponents ≤ 0 (the cumulated log
+    decay only falls), so the block is one matmul of bounded factors. The
+    memory is ``[L, L]`` per head and chunk, not ``[L, L, dk]``.
+    """
+    s = causal.shape[0]
+    n = k.shape[-2] // s
+    xb, kb, cb = (t.unflatten(-2, (n, s)) for t in (x, k, cum))  # [..., n, s, dk]
+    diag_decay = (cb[..., :, None, :] - cb[..., None, :, :]).masked_fill(~causal[..., None], float("-inf")).exp()
+    diag = (xb[..., :, None, :] * kb[..., None, :, :] * diag_decay).sum(-1)  # [..., n, s, s]
+    bound = cb[..., -1:, :]  # c_b of each block J, [..., n, 1, dk]
+    right = kb * (bound - cb).exp()  # k_j exp(c_b − c_j), [..., nJ, s, dk]
+    later = torch.ones(n, n, dtype=torch.bool, device=k.device).tril(-1)  # I > J
+    # x_i exp(c_i − c_b(J)) for I > J (−inf elsewhere: zero, never a positive exponent), [..., nI, nJ, s, dk]
+    exponent = (cb[..., :, None, :, :] - bound.unsqueeze(-4)).masked_fill(~later[:, :, None, None], float("-inf"))
+    left = xb[..., :, None, :, :] * exponent.exp()
+    blocks = left @ right[..., None, :, :, :].transpose(-1, -2)  # [..., nI, nJ, s, s]
+    index = torch.arange(n, device=k.device)
+    blocks[..., index, index, :, :] = diag
+    return blocks.transpose(-3, -2).reshape(*k.shape[:-2], n * s, n * s)
