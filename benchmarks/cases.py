@@ -10,6 +10,8 @@ to time; `checks` computes once, untimed, what they are supposed to agree on.
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -18,33 +20,14 @@ import torch
 
 import nnterp
 from nnterp import StandardizedTransformer, fast_states
+from nnterp.core.errors import NnterpError
 from nnterp.fast import empty_cache
 from nnterp.recurrent.per_token.from_arguments import FROM_ARGUMENTS
 
+from .models import configs  # noqa: F401  (the runner's `cases.configs`)
 from .timing import Method
 
 GENERATE = 32
-
-
-def configs(tiny: bool) -> dict:
-    """``{name: config}``: Qwen3.5-like gated DeltaNet hybrid, Mamba-1, Mamba-2 (tiny ones for the smoke test)."""
-    from transformers import Mamba2Config, MambaConfig, Qwen3_5TextConfig
-
-    from nnterp.testing import tiny_tokenizer
-
-    vocab = len(tiny_tokenizer())
-    if tiny:
-        return {
-            "gated_deltanet": Qwen3_5TextConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8, num_attention_heads=4, num_key_value_heads=2, head_dim=16),
-            "mamba": MambaConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, state_size=8, expand=2),
-            "mamba2": Mamba2Config(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_heads=4, head_dim=32, state_size=16, n_groups=1, chunk_size=8, expand=2),
-        }
-    # Qwen3.5-0.8B's linear attention: 16 key heads and 16 value heads of 128; hidden 1024; 3 DeltaNet blocks per attention block.
-    return {
-        "gated_deltanet": Qwen3_5TextConfig(vocab_size=vocab, hidden_size=1024, intermediate_size=3584, num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, num_attention_heads=8, num_key_value_heads=2, head_dim=256),
-        "mamba": MambaConfig(vocab_size=vocab, hidden_size=768, num_hidden_layers=4, state_size=16, expand=2),
-        "mamba2": Mamba2Config(vocab_size=vocab, hidden_size=768, num_hidden_layers=4, num_heads=24, head_dim=64, state_size=128, n_groups=1, chunk_size=256, expand=2),
-    }
 
 
 def build(name: str, config: Any, cache_dir: Path) -> Path:
@@ -55,12 +38,16 @@ def build(name: str, config: Any, cache_dir: Path) -> Path:
 
     tokenizer = tiny_tokenizer()
     config.eos_token_id = config.pad_token_id = config.bos_token_id = tokenizer.eos_token_id
-    folder = cache_dir / f"{name}-{abs(hash(config.to_json_string())) % 10**10}"
-    if not (folder / "config.json").exists():
+    # A digest, not hash(): str hashes are salted per process, so a new folder (and a rebuild) every run.
+    folder = cache_dir / f"{name}-{hashlib.sha256(config.to_json_string().encode()).hexdigest()[:12]}"
+    if not folder.is_dir():  # written aside, then renamed: a run stopped while saving leaves no half folder behind
+        partial = folder.with_name(folder.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(config)
-        model.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        partial.rename(folder)
     return folder
 
 
