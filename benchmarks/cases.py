@@ -38,8 +38,7 @@ def build(name: str, config: Any, cache_dir: Path) -> Path:
 
     tokenizer = tiny_tokenizer()
     config.eos_token_id = config.pad_token_id = config.bos_token_id = tokenizer.eos_token_id
-    # A digest, not hash(): str hashes are salted per process, so a new folder (and a rebuild) every run.
-    folder = cache_dir / f"{name}-{hashlib.sha256(config.to_json_string().encode()).hexdigest()[:12]}"
+    folder = cache_dir / folder_name(name, config)
     if not folder.is_dir():  # written aside, then renamed: a run stopped while saving leaves no half folder behind
         partial = folder.with_name(folder.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
@@ -49,6 +48,11 @@ def build(name: str, config: Any, cache_dir: Path) -> Path:
         tokenizer.save_pretrained(partial)
         partial.rename(folder)
     return folder
+
+
+def folder_name(name: str, config: Any) -> str:
+    """``name-<digest of the config>``: a digest, not ``hash()`` (salted per process: a new folder and a rebuild every run)."""
+    return f"{name}-{hashlib.sha256(config.to_json_string().encode()).hexdigest()[:12]}"
 
 
 def load(folder: Path) -> tuple:
@@ -83,12 +87,21 @@ def donors(model: Any, ids: torch.Tensor) -> list:
 
 
 class Paths:
-    """The spec's per-token path (routing; Mamba-2: a chunk size of one) and the fast path, switched outside timing."""
+    """The ways a family serves per-token states, switched outside timing.
+
+    ``routed``: the spec's per-token path (routing; Mamba-2: a chunk size of
+    one); ``fast``: ``fast_states``; ``own``: the kinds whose ``states`` need
+    no setting (`support()` says available) and that have no fast path, timed
+    as they are (their own strategy: the forward's token loop, or states
+    computed from the call's arguments).
+    """
 
     def __init__(self, model: Any) -> None:
         self.model = model
         self.kind = model.family.NAME
         self.stack = ExitStack()
+        self.has_fast = any(getattr(type(mix), "FAST", None) is not None for mix in mixers(model))
+        self.own = not self.has_fast and all(_states_value(mix).reason(mix) is None for mix in mixers(model))
 
     def routed(self) -> None:
         self.stack.close()
@@ -107,9 +120,27 @@ class Paths:
         self.stack.close()
         self.stack = ExitStack()
 
-    @property
-    def has_fast(self) -> bool:
-        return any(getattr(type(mix), "FAST", None) is not None for mix in mixers(self.model))
+
+def _states_value(mix: Any) -> Any:
+    return type(mix).values()["states"]
+
+
+def notes(model: Any, paths: Paths) -> list:
+    """Why rows are absent on this family, in nnterp's own words (its refusal, the value's own description)."""
+    found = []
+    if not paths.has_fast:
+        try:
+            with fast_states(model):
+                pass
+        except NnterpError as error:
+            found.append(f"No fast path: `nnterp.fast_states(model)` says: {error}")
+    if paths.own:
+        mix = mixers(model)[0]
+        found.append(
+            f"No routed rows: `linear_attn.states` needs no setting on {type(mix).__name__} (`support()`: available). "
+            f"Own strategy: {_states_value(mix).description}."
+        )
+    return found
 
 
 def methods(plain: Any, model: Any, ids: torch.Tensor, values: list, paths: Paths, slow_reps: int, routed: bool) -> list:
@@ -152,6 +183,8 @@ def methods(plain: Any, model: Any, ids: torch.Tensor, values: list, paths: Path
             Method("states, routed", read("states"), reps=slow_reps, setup=paths.routed, teardown=paths.default),
             Method("set_state_after(mid), routed", write, reps=slow_reps, setup=paths.routed, teardown=paths.default),
         ]
+    if paths.own:
+        found += [Method("states, own strategy", read("states")), Method("set_state_after(mid), own strategy", write)]
     if paths.has_fast:
         captured = arguments(model, ids, paths)
 
@@ -209,7 +242,7 @@ def generate_methods(plain: Any, model: Any, ids: torch.Tensor) -> list:
 
 
 def checks(model: Any, ids: torch.Tensor, values: list, paths: Paths, routed: bool) -> dict:
-    """What the timed calls must agree on (fast vs routed states and writes), the states' size and peak memory."""
+    """What the timed calls must agree on (fast vs routed states and writes; own states' last vs state_output), the states' size and peak memory."""
     from .timing import peak_rss
 
     found: dict = {}
@@ -228,6 +261,20 @@ def checks(model: Any, ids: torch.Tensor, values: list, paths: Paths, routed: bo
             logits = model.logits.save()
         return logits
 
+    if paths.own:
+        empty_cache()
+
+        def own():
+            out = []
+            with torch.no_grad(), model.trace(ids):
+                for mix in mixers(model):
+                    out.append((mix.states.save(), mix.state_output.save()))
+            return out
+
+        found["peak_rss_own"], read = peak_rss(own)
+        found["states_bytes"] = sum(s.numel() * s.element_size() for s, _ in read)
+        found["own_last_vs_state_output"] = max((s[:, -1] - last).abs().max().item() for s, last in read)
+        del read
     reference = None
     if routed:
         empty_cache()
