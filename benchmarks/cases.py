@@ -10,6 +10,8 @@ to time; `checks` computes once, untimed, what they are supposed to agree on.
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -18,33 +20,14 @@ import torch
 
 import nnterp
 from nnterp import StandardizedTransformer, fast_states
+from nnterp.core.errors import NnterpError
 from nnterp.fast import empty_cache
 from nnterp.recurrent.per_token.from_arguments import FROM_ARGUMENTS
 
+from .models import configs  # noqa: F401  (the runner's `cases.configs`)
 from .timing import Method
 
 GENERATE = 32
-
-
-def configs(tiny: bool) -> dict:
-    """``{name: config}``: Qwen3.5-like gated DeltaNet hybrid, Mamba-1, Mamba-2 (tiny ones for the smoke test)."""
-    from transformers import Mamba2Config, MambaConfig, Qwen3_5TextConfig
-
-    from nnterp.testing import tiny_tokenizer
-
-    vocab = len(tiny_tokenizer())
-    if tiny:
-        return {
-            "gated_deltanet": Qwen3_5TextConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8, num_attention_heads=4, num_key_value_heads=2, head_dim=16),
-            "mamba": MambaConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, state_size=8, expand=2),
-            "mamba2": Mamba2Config(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_heads=4, head_dim=32, state_size=16, n_groups=1, chunk_size=8, expand=2),
-        }
-    # Qwen3.5-0.8B's linear attention: 16 key heads and 16 value heads of 128; hidden 1024; 3 DeltaNet blocks per attention block.
-    return {
-        "gated_deltanet": Qwen3_5TextConfig(vocab_size=vocab, hidden_size=1024, intermediate_size=3584, num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, num_attention_heads=8, num_key_value_heads=2, head_dim=256),
-        "mamba": MambaConfig(vocab_size=vocab, hidden_size=768, num_hidden_layers=4, state_size=16, expand=2),
-        "mamba2": Mamba2Config(vocab_size=vocab, hidden_size=768, num_hidden_layers=4, num_heads=24, head_dim=64, state_size=128, n_groups=1, chunk_size=256, expand=2),
-    }
 
 
 def build(name: str, config: Any, cache_dir: Path) -> Path:
@@ -55,13 +38,21 @@ def build(name: str, config: Any, cache_dir: Path) -> Path:
 
     tokenizer = tiny_tokenizer()
     config.eos_token_id = config.pad_token_id = config.bos_token_id = tokenizer.eos_token_id
-    folder = cache_dir / f"{name}-{abs(hash(config.to_json_string())) % 10**10}"
-    if not (folder / "config.json").exists():
+    folder = cache_dir / folder_name(name, config)
+    if not folder.is_dir():  # written aside, then renamed: a run stopped while saving leaves no half folder behind
+        partial = folder.with_name(folder.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(config)
-        model.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        partial.rename(folder)
     return folder
+
+
+def folder_name(name: str, config: Any) -> str:
+    """``name-<digest of the config>``: a digest, not ``hash()`` (salted per process: a new folder and a rebuild every run)."""
+    return f"{name}-{hashlib.sha256(config.to_json_string().encode()).hexdigest()[:12]}"
 
 
 def load(folder: Path) -> tuple:
@@ -96,12 +87,21 @@ def donors(model: Any, ids: torch.Tensor) -> list:
 
 
 class Paths:
-    """The spec's per-token path (routing; Mamba-2: a chunk size of one) and the fast path, switched outside timing."""
+    """The ways a family serves per-token states, switched outside timing.
+
+    ``routed``: the spec's per-token path (routing; Mamba-2: a chunk size of
+    one); ``fast``: ``fast_states``; ``own``: the kinds whose ``states`` need
+    no setting (`support()` says available) and that have no fast path, timed
+    as they are (their own strategy: the forward's token loop, or states
+    computed from the call's arguments).
+    """
 
     def __init__(self, model: Any) -> None:
         self.model = model
         self.kind = model.family.NAME
         self.stack = ExitStack()
+        self.has_fast = any(getattr(type(mix), "FAST", None) is not None for mix in mixers(model))
+        self.own = not self.has_fast and all(_states_value(mix).reason(mix) is None for mix in mixers(model))
 
     def routed(self) -> None:
         self.stack.close()
@@ -120,9 +120,27 @@ class Paths:
         self.stack.close()
         self.stack = ExitStack()
 
-    @property
-    def has_fast(self) -> bool:
-        return any(getattr(type(mix), "FAST", None) is not None for mix in mixers(self.model))
+
+def _states_value(mix: Any) -> Any:
+    return type(mix).values()["states"]
+
+
+def notes(model: Any, paths: Paths) -> list:
+    """Why rows are absent on this family, in nnterp's own words (its refusal, the value's own description)."""
+    found = []
+    if not paths.has_fast:
+        try:
+            with fast_states(model):
+                pass
+        except NnterpError as error:
+            found.append(f"No fast path: `nnterp.fast_states(model)` says: {error}")
+    if paths.own:
+        mix = mixers(model)[0]
+        found.append(
+            f"No routed rows: `linear_attn.states` needs no setting on {type(mix).__name__} (`support()`: available). "
+            f"Own strategy: {_states_value(mix).description}."
+        )
+    return found
 
 
 def methods(plain: Any, model: Any, ids: torch.Tensor, values: list, paths: Paths, slow_reps: int, routed: bool) -> list:
@@ -165,6 +183,8 @@ def methods(plain: Any, model: Any, ids: torch.Tensor, values: list, paths: Path
             Method("states, routed", read("states"), reps=slow_reps, setup=paths.routed, teardown=paths.default),
             Method("set_state_after(mid), routed", write, reps=slow_reps, setup=paths.routed, teardown=paths.default),
         ]
+    if paths.own:
+        found += [Method("states, own strategy", read("states")), Method("set_state_after(mid), own strategy", write)]
     if paths.has_fast:
         captured = arguments(model, ids, paths)
 
@@ -222,7 +242,7 @@ def generate_methods(plain: Any, model: Any, ids: torch.Tensor) -> list:
 
 
 def checks(model: Any, ids: torch.Tensor, values: list, paths: Paths, routed: bool) -> dict:
-    """What the timed calls must agree on (fast vs routed states and writes), the states' size and peak memory."""
+    """What the timed calls must agree on (fast vs routed states and writes; own states' last vs state_output), the states' size and peak memory."""
     from .timing import peak_rss
 
     found: dict = {}
@@ -241,6 +261,20 @@ def checks(model: Any, ids: torch.Tensor, values: list, paths: Paths, routed: bo
             logits = model.logits.save()
         return logits
 
+    if paths.own:
+        empty_cache()
+
+        def own():
+            out = []
+            with torch.no_grad(), model.trace(ids):
+                for mix in mixers(model):
+                    out.append((mix.states.save(), mix.state_output.save()))
+            return out
+
+        found["peak_rss_own"], read = peak_rss(own)
+        found["states_bytes"] = sum(s.numel() * s.element_size() for s, _ in read)
+        found["own_last_vs_state_output"] = max((s[:, -1] - last).abs().max().item() for s, last in read)
+        del read
     reference = None
     if routed:
         empty_cache()

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-NAMES = {"gated_deltanet": "Gated DeltaNet hybrid (Qwen3.5-like)", "mamba": "Mamba-1", "mamba2": "Mamba-2"}
+NAMES = {
+    "gated_deltanet": "Gated DeltaNet hybrid (Qwen3.5-like)", "mamba": "Mamba-1", "mamba2": "Mamba-2",
+    "kimi_delta_attention": "Kimi delta attention hybrid (Kimi-Linear-like)", "lightning_attention": "Lightning attention hybrid (MiniMax-Text-01-like)",
+    "rg_lru": "RG-LRU hybrid (RecurrentGemma-like)", "wkv": "RWKV-4 WKV", "mlstm": "mLSTM (xLSTM-like)",
+    "short_convolution": "Gated short convolution hybrid (LFM2-like)",
+}
 CONFIGS = {
     "gated_deltanet": "`Qwen3_5TextConfig`: hidden 1024, 4 blocks (3 gated DeltaNet, 1 attention), 16 key heads and 16 value heads of 128 (Qwen3.5-0.8B's linear attention), MLP 3584",
     "mamba": "`MambaConfig`: hidden 768, 4 layers, state 16, expand 2",
@@ -33,6 +38,13 @@ WHY = {
         "The states are written into a buffer of their own size; what a read adds beyond it is the kernel's own "
         "temporaries and the process's allocator. `states_of(positions)` keeps only the selection."
     ),
+    "own_states": (
+        "These kinds have no fast path (`nnterp.fast_states` refuses them; each family's notes quote it): their states "
+        "are what the kind's own strategy costs beyond the forward (each family's notes say which strategy). What would "
+        "reach it: the fast path's treatment for the kind (the states computed from the kernel call's arguments into a "
+        "buffer reused across calls, `nnterp.fast`), which issue 17 asks for on every kind added."
+    ),
+    "skipped": "Not measured in this run: the length was skipped (the family's notes say why); rerun with a larger `--max-forward-s`.",
     "tl": "TransformerLens replays the scan token by token from its activation cache; the fast path should be ahead at every length.",
     "mamba2_growth": (
         "The fast path's own work is linear in length (the 'computed alone' row, within target); the traced forward "
@@ -62,63 +74,103 @@ def render(results: dict, cell: Callable) -> str:
         f"* Wall time of the run: {results.get('elapsed_s', 0) / 60:.1f} min",
         "* Models: random weights, float32, batch 1, random token ids; `torch.no_grad()`.",
         "* Routed: the spec's per-token path (`route_kernels(family, 'torch')`; Mamba-2: `chunk_per_token`; Mamba-1's "
-        "pure-torch prompt kernel is already the token loop). Fast path: `nnterp.fast_states(model)`, no routing.",
+        "pure-torch prompt kernel is already the token loop). Fast path: `nnterp.fast_states(model)`, no routing. "
+        "Own strategy: what `linear_attn.states` does with no setting, on the kinds that need none and have no fast path.",
+        "* A family's tables have the rows that apply to it; its notes say why the others are absent, in nnterp's own words "
+        "(a refusal, a value's description). \u2013: not measured at that length.",
         "",
     ]
     for name, family in results["families"].items():
-        lengths = list(family["lengths"])
-        lines += [f"## {NAMES.get(name, name)}", "", family.get("config", CONFIGS.get(name, "")) + "; random weights.", ""]
-        lines += ["| measurement | " + " | ".join(f"L={length}" for length in lengths) + " |", "|---|" + "---:|" * len(lengths)]
-        first = family["lengths"][lengths[0]]["rows"]
-        base = [family["lengths"][length]["rows"]["plain forward"] for length in lengths]
-        lines.append("| plain forward (baseline), median ms | " + " | ".join(f"{row['median_s'] * 1e3:.0f}" for row in base) + " |")
-        names = [n for n in first if n != "plain forward"]
-        for length in lengths:
-            names += [n for n in family["lengths"][length]["rows"] if n not in names and n != "plain forward"]
-        for row_name in names:
-            cells = []
-            for length in lengths:
-                data = family["lengths"][length]
-                skipped = data["routed_skipped"] and "routed" in row_name
-                cells.append("skipped (quadratic)" if skipped else cell(data["rows"].get(row_name)))
-            lines.append(f"| {row_name} | " + " | ".join(cells) + " |")
-        tl = family.get("tl", {})
-        tl_cells = [cell(tl.get("lengths", {}).get(str(length), {}).get("total")) for length in lengths]
-        mode = f", {tl['mode']}" if tl.get("mode") and tl.get("mode") != "default" else ""
-        lines.append(f"| TransformerLens 4.3 `run_with_cache` + `compute_ssm_state()`{mode} (own process, vs its own HF forward) | " + " | ".join(tl_cells) + " |")
-        lines.append("")
-        memory = ["| per-token states | " + " | ".join(f"L={length}" for length in lengths) + " |", "|---|" + "---:|" * len(lengths)]
-        for label, key in (("size of the states (all recurrent layers)", "states_bytes"), ("peak memory of the read, fast path", "peak_rss_fast"), ("peak memory of the read, routed", "peak_rss_routed")):
-            values = [family["lengths"][length]["checks"].get(key) for length in lengths]
-            sizes = [family["lengths"][length]["checks"].get("states_bytes") for length in lengths]
-            memory.append(f"| {label} | " + " | ".join(_bytes(v, s if key != "states_bytes" else None) for v, s in zip(values, sizes)) + " |")
-        checks = ["| fast vs routed states, max abs diff / max abs state | " + " | ".join(_num(family["lengths"][length]["checks"].get("states_fast_vs_routed")) for length in lengths) + " |",
-                  "| fast vs routed `set_state_after(mid)` logits, max abs diff | " + " | ".join(_num(family["lengths"][length]["checks"].get("write_fast_vs_routed")) for length in lengths) + " |"]
-        lines += memory + checks + [""]
-        generated = family.get("generate")
-        if generated:
-            lines += [f"`generate` of 32 new tokens from a {generated['prompt']}-token prompt, as ratios to plain `generate`:", "",
-                      "| measurement | ratio |", "|---|---:|"]
-            for row_name, row in generated["rows"].items():
-                extra = f" ({row['median_s'] * 1e3:.0f} ms)" if row_name == "generate, plain" else ""
-                lines.append(f"| {row_name}{extra} | {cell(row)} |")
-            lines.append("")
-        checked = {length: data.get("check") for length, data in tl.get("lengths", {}).items() if data.get("check") is not None}
-        if checked:
-            lines += ["TransformerLens' state at the last token against transformers' cached final state, max abs diff: "
-                      + ", ".join(f"{value:.1e} (L={length})" for length, value in checked.items()) + ".", ""]
-        if tl.get("errors"):
-            lines += ["TransformerLens notes: " + "; ".join(f"`{e}`" for e in tl["errors"]), ""]
+        lines += _family(name, family, cell)
     lines += ["## Targets", "", "| target | where | value | |", "|---|---|---:|---|"]
     missed = set()
     for target, where, value, met, key in results["targets"]:
-        lines.append(f"| {target} | {where} | {value:.2f} | {'met' if met else '**missed**'} |")
+        status = "not run" if met is None else "met" if met else "**missed**"
+        lines.append(f"| {target} | {where} | {'–' if value is None else f'{value:.2f}'} | {status} |")
         if not met:
             missed.add(key)
     if missed:
-        lines += ["", "Why the missed targets are missed, and what would reach them:", ""]
+        lines += ["", "Why the missed (or not run) targets are missed, and what would reach them:", ""]
         lines += [f"* **{key}**: {WHY[key]}{_growth(results) if key == 'mamba2_growth' else ''}" for key in WHY if key in missed]
     return "\n".join(lines) + "\n"
+
+
+#: The per-token states table's rows: label, key in a length's checks, whether it is a size (shown as a share of the states).
+MEMORY = (
+    ("size of the states (all recurrent layers)", "states_bytes", False),
+    ("peak memory of the read, fast path", "peak_rss_fast", True),
+    ("peak memory of the read, routed", "peak_rss_routed", True),
+    ("peak memory of the read, own strategy", "peak_rss_own", True),
+    ("fast vs routed states, max abs diff / max abs state", "states_fast_vs_routed", None),
+    ("fast vs routed `set_state_after(mid)` logits, max abs diff", "write_fast_vs_routed", None),
+    ("own strategy's states at the last token vs `state_output`, max abs diff", "own_last_vs_state_output", None),
+)
+
+
+def _family(name: str, family: dict, cell: Callable) -> list:
+    """One family's section: its timed rows, its states' size and memory, generate, TransformerLens, its notes."""
+    lengths = list(family["lengths"])
+    lines = [f"## {NAMES.get(name, name)}", "", family.get("config", CONFIGS.get(name, "")) + "; random weights.", ""]
+    if "elapsed_s" in family:
+        lines += [f"Wall time of this family in the run: {family['elapsed_s'] / 60:.1f} min.", ""]
+    header = ["| measurement | " + " | ".join(f"L={length}" for length in lengths) + " |", "|---|" + "---:|" * len(lengths)]
+    base = [family["lengths"][length]["rows"]["plain forward"] for length in lengths]
+    lines += header + ["| plain forward (baseline), median ms | " + " | ".join(f"{row['median_s'] * 1e3:.0f}" for row in base) + " |"]
+    names: list = []
+    for length in lengths:
+        names += [n for n in family["lengths"][length]["rows"] if n not in names and n != "plain forward"]
+    for row_name in names:
+        cells = []
+        for length in lengths:
+            data = family["lengths"][length]
+            skipped = data.get("routed_skipped") and "routed" in row_name
+            cells.append("skipped (quadratic)" if skipped else cell(data["rows"].get(row_name)))
+        lines.append(f"| {row_name} | " + " | ".join(cells) + " |")
+    tl = family.get("tl", {})
+    if tl.get("lengths"):
+        tl_cells = [cell(tl["lengths"].get(str(length), {}).get("total")) for length in lengths]
+        mode = f", {tl['mode']}" if tl.get("mode") and tl.get("mode") != "default" else ""
+        lines.append(f"| TransformerLens 4.3 `run_with_cache` + `compute_ssm_state()`{mode} (own process, vs its own HF forward) | " + " | ".join(tl_cells) + " |")
+    lines += ["", "| per-token states | " + " | ".join(f"L={length}" for length in lengths) + " |", "|---|" + "---:|" * len(lengths)]
+    for label, key, share in MEMORY:
+        values = [family["lengths"][length]["checks"].get(key) for length in lengths]
+        if all(value is None for value in values):
+            continue
+        sizes = [family["lengths"][length]["checks"].get("states_bytes") if share else None for length in lengths]
+        shown = [_num(v) for v in values] if share is None else [_bytes(v, size) for v, size in zip(values, sizes)]
+        lines.append(f"| {label} | " + " | ".join(shown) + " |")
+    lines.append("")
+    generated = family.get("generate")
+    if generated:
+        lines += [f"`generate` of 32 new tokens from a {generated['prompt']}-token prompt, as ratios to plain `generate`:", "",
+                  "| measurement | ratio |", "|---|---:|"]
+        for row_name, row in generated["rows"].items():
+            extra = f" ({row['median_s'] * 1e3:.0f} ms)" if row_name == "generate, plain" else ""
+            lines.append(f"| {row_name}{extra} | {cell(row)} |")
+        lines.append("")
+    lines += _transformer_lens(tl)
+    notes = list(family.get("notes", [])) + [f"L={length} not run: {why}." for length, why in family.get("skipped", {}).items()]
+    if notes:
+        lines += ["Notes:", ""] + [f"* {note}" for note in notes] + [""]
+    return lines
+
+
+def _transformer_lens(tl: dict) -> list:
+    """TransformerLens' check and notes; one line where it has no adapter, or no per-token state reading for the mixer."""
+    if not tl.get("lengths") and tl.get("errors") and "adapter" in tl:
+        error = tl["errors"][-1].removeprefix("every length: ")
+        if tl["adapter"] is None:
+            return [f"TransformerLens 4.3: no adapter for this architecture (`{error}`).", ""]
+        return [f"TransformerLens 4.3 has an adapter (`{tl['adapter']}`) but no per-token state reading for this mixer "
+                f"(`run_with_cache` + `compute_ssm_state()`: `{error}`).", ""]
+    lines = []
+    checked = {length: data.get("check") for length, data in tl.get("lengths", {}).items() if data.get("check") is not None}
+    if checked:
+        lines += ["TransformerLens' state at the last token against transformers' cached final state, max abs diff: "
+                  + ", ".join(f"{value:.1e} (L={length})" for length, value in checked.items()) + ".", ""]
+    if tl.get("errors"):
+        lines += ["TransformerLens notes: " + "; ".join(f"`{e}`" for e in tl["errors"]), ""]
+    return lines
 
 
 def _growth(results: dict) -> str:

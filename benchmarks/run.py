@@ -2,18 +2,23 @@
 
     python benchmarks/run.py                 # the full run (about half an hour on 2 CPU cores)
     python benchmarks/run.py --tiny --lengths 8 24 --reps 2 --tl off --out /tmp/perf.md   # a smoke run
+    python benchmarks/run.py --families mlstm short_convolution --out /tmp/perf.md      # some kinds only
 
-Per family (a Qwen3.5-like gated DeltaNet hybrid, Mamba-1, Mamba-2; medium
-configs, random weights; `cases.configs`) and prompt length, every repeat
-runs every measured call once, interleaved (`timing.interleave`); a cell is
-the ratio of medians to the plain HF forward of the same model and prompt,
-``[min, max]`` of the paired ratios beside it. `generate` of 32 tokens is
-measured at the first length against plain `generate`. TransformerLens 4.3's
+Per family (one medium random-weight model per recurrent mixer kind:
+`models.FAMILIES`, configs in `models.configs`) and prompt length, every
+repeat runs every measured call once, interleaved (`timing.interleave`); a
+cell is the ratio of medians to the plain HF forward of the same model and
+prompt, ``[min, max]`` of the paired ratios beside it. The kinds added after
+the first three run from 512 tokens with fewer repeats (`models.FIRST`,
+`models.REPS`), and a length whose plain forward is projected past
+``--max-forward-s`` is skipped and noted. `generate` of 32 tokens is measured
+from the run's first length against plain `generate`. TransformerLens 4.3's
 ``compute_ssm_state`` runs in its own venv (`--tl`), timed against that
-process's own HF forward (`tl_probe.py`). The runner writes the table, the
-targets met or missed, the checks (fast vs routed states) and the exact
-command to ``--out`` (``docs/performance.md``), keeping the "Import time"
-section that ``benchmarks/import_time.py`` wrote there. Threads: ``--threads``
+process's own HF forward (`tl_probe.py`); where it has no adapter, or no
+state reading for the mixer, the page says so. The runner writes the table,
+the targets met or missed, the checks (fast vs routed states) and the exact
+command to ``--out`` (``docs/performance.md``), keeping the "Import time",
+"Soak" and "GPU" sections other scripts wrote there. Threads: ``--threads``
 (1 by default, set before torch is imported, as the anchors were measured).
 """
 
@@ -45,13 +50,16 @@ TARGETS = {
 
 
 def parse(argv: list) -> argparse.Namespace:
+    from .models import FAMILIES
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[64, 512, 2048])
     parser.add_argument("--reps", type=int, default=5, help="repeats at every length but the longest (three times as many below 256 tokens)")
     parser.add_argument("--long-reps", type=int, default=3, help="repeats at the longest length")
     parser.add_argument("--routed-long-reps", type=int, default=1, help="repeats of the routed path at the longest length")
     parser.add_argument("--mamba2-routed-max", type=int, default=512, help="longest prompt for Mamba-2's chunk_size=1 path (quadratic)")
-    parser.add_argument("--families", nargs="+", default=["gated_deltanet", "mamba", "mamba2"])
+    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES, metavar="FAMILY", help=f"of {', '.join(FAMILIES)} (default: all)")
+    parser.add_argument("--max-forward-s", type=float, default=40.0, help="skip a family's longer length where one plain forward is projected (quadratically, from its last length) past this")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--tl", default="auto", help="'auto' (the venv at ~/.cache/nnterp-bench/tl-venv, made if missing), 'off', or a python path")
     parser.add_argument("--tiny", action="store_true", help="tiny configs (the smoke test)")
@@ -84,6 +92,7 @@ def main(argv: list | None = None) -> dict:
 
 def _measure(args: argparse.Namespace, argv: list | None) -> dict:
     from . import cases
+    from .models import lengths_for, reps_for
     from .timing import interleave, summary
 
     cache_dir = Path(args.cache_dir).expanduser()
@@ -92,35 +101,50 @@ def _measure(args: argparse.Namespace, argv: list | None) -> dict:
     configs = cases.configs(args.tiny)
     started = time.time()
     for name in args.families:
+        family_started = time.time()
         log(f"{name}: building and loading")
         folder = cases.build(name, configs[name], cache_dir)
         plain, model = cases.load(folder)
         paths = cases.Paths(model)
-        family = results["families"][name] = {"lengths": {}, "folder": str(folder), "fast": paths.has_fast, "config": describe(configs[name])}
-        for index, length in enumerate(args.lengths):
-            longest = length == max(args.lengths)
-            routed = not (paths.kind == "mamba2" and length > args.mamba2_routed_max)
+        lengths = lengths_for(name, args.lengths, args.tiny)
+        family = results["families"][name] = {"lengths": {}, "folder": str(folder), "fast": paths.has_fast, "own": paths.own,
+                                              "config": describe(configs[name]), "notes": cases.notes(model, paths), "skipped": {}}
+        for index, length in enumerate(lengths):
+            if length in family["skipped"]:
+                continue
             ids = cases.prompt(model, length, seed=length)
+            began = time.perf_counter()
+            plain(ids)  # a warm-up, and the time the longer lengths are projected from
+            once = time.perf_counter() - began
+            for later in lengths[index + 1:]:
+                projected = once * (later / length) ** 2
+                if projected > args.max_forward_s and later not in family["skipped"]:
+                    family["skipped"][later] = (f"one plain forward projected to take {projected:.0f} s (from {once:.1f} s at L={length}, "
+                                                f"assuming quadratic growth; --max-forward-s {args.max_forward_s:g})")
+                    log(f"  L={later}: skipped, {family['skipped'][later]}")
+            longest = all(later in family["skipped"] for later in lengths[index + 1:])
+            routed = not paths.own and not (paths.kind == "mamba2" and length > args.mamba2_routed_max)
             values = cases.donors(model, ids)
             log(f"  L={length}: checks (untimed)")
             checks = cases.checks(model, ids, values, paths, routed)
             # Short prompts are cheap and the noisiest relative to their length: more repeats.
-            reps = args.long_reps if longest else (3 * args.reps if length < 256 else args.reps)
+            reps = reps_for(name, args.long_reps if longest else (3 * args.reps if length < 256 else args.reps), args.tiny)
             timed = cases.methods(plain, model, ids, values, paths, args.routed_long_reps if longest else reps, routed)
             log(f"  L={length}: timing {len(timed)} calls")
             interleave(timed, reps, log=log)
             family["lengths"][length] = {
                 "rows": {m.name: summary(m, timed[0]) for m in timed},
                 "checks": checks,
-                "routed_skipped": not routed,
+                "routed_skipped": not routed and not paths.own,
             }
             del values
-            if index == 0:
-                log(f"  generate {cases.GENERATE} tokens from L={length}")
-                generated = cases.generate_methods(plain, model, ids)
-                generated[0].once()  # warm-up
-                interleave(generated, args.reps, log=log)
-                family["generate"] = {"prompt": length, "rows": {m.name: summary(m, generated[0]) for m in generated}}
+        # generate from the run's first length on every family (the same prompt length on all of them)
+        ids = cases.prompt(model, args.lengths[0], seed=args.lengths[0])
+        log(f"  generate {cases.GENERATE} tokens from L={args.lengths[0]}")
+        generated = cases.generate_methods(plain, model, ids)
+        generated[0].once()  # warm-up
+        interleave(generated, reps_for(name, args.reps, args.tiny), log=log)
+        family["generate"] = {"prompt": args.lengths[0], "rows": {m.name: summary(m, generated[0]) for m in generated}}
         del plain, model, paths
         import gc
 
@@ -128,7 +152,8 @@ def _measure(args: argparse.Namespace, argv: list | None) -> dict:
 
         gc.collect()
         empty_cache()  # TransformerLens' cache of a long prompt needs the memory the fast path keeps for reuse
-        family["tl"] = transformer_lens(args, folder, name)
+        family["tl"] = transformer_lens(args, folder, [length for length in lengths if length not in family["skipped"]])
+        family["elapsed_s"] = time.time() - family_started
         log(f"{name}: done at {time.time() - started:.0f}s")
     results["elapsed_s"] = time.time() - started
     results["targets"] = targets(results)
@@ -161,10 +186,15 @@ def write(out: str, text: str) -> None:
 def describe(config) -> str:
     """The config's shape-defining fields, as one line."""
     keys = ("hidden_size", "num_hidden_layers", "layer_types", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-            "linear_value_head_dim", "intermediate_size", "num_heads", "head_dim", "state_size", "n_groups", "chunk_size", "expand")
+            "linear_value_head_dim", "linear_num_heads", "linear_head_dim", "lru_width", "attention_hidden_size", "intermediate_size",
+            "mlp_layer_types", "num_local_experts", "num_experts_per_tok", "num_heads", "head_dim", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "qk_dim_factor", "v_dim_factor",
+            "state_size", "n_groups", "chunk_size", "block_size", "conv_L_cache", "expand")
     found = {key: getattr(config, key) for key in keys if getattr(config, key, None) is not None}
-    if "layer_types" in found:
-        found["layer_types"] = "/".join(kind.split("_")[0] for kind in found["layer_types"])
+    if set(found.get("mlp_layer_types", ["sparse"])) == {"dense"}:  # the experts' fields are unused
+        found.pop("num_local_experts", None), found.pop("num_experts_per_tok", None)
+    for key in ("layer_types", "mlp_layer_types"):
+        if key in found:
+            found[key] = "/".join(kind.split("_")[0] for kind in found[key])
     return f"`{type(config).__name__}`: " + ", ".join(f"{key}={value}" for key, value in found.items())
 
 
@@ -203,13 +233,13 @@ def tl_python(args: argparse.Namespace) -> str | None:
     return str(python)
 
 
-def transformer_lens(args: argparse.Namespace, folder: Path, name: str) -> dict:
+def transformer_lens(args: argparse.Namespace, folder: Path, lengths: list) -> dict:
     python = tl_python(args)
     if python is None:
         return {"errors": ["not run (--tl off)"], "lengths": {}}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "tl.json"
-        command = [python, str(Path(__file__).with_name("tl_probe.py")), "--model", str(folder), "--lengths", *map(str, args.lengths),
+        command = [python, str(Path(__file__).with_name("tl_probe.py")), "--model", str(folder), "--lengths", *map(str, lengths),
                    "--reps", str(args.reps), "--long-reps", str(args.routed_long_reps), "--threads", str(args.threads), "--json", str(out)]
         log(f"  TransformerLens: {' '.join(command[1:3])} ...")
         done = subprocess.run(command, capture_output=True, text=True)
@@ -219,33 +249,48 @@ def transformer_lens(args: argparse.Namespace, folder: Path, name: str) -> dict:
         return json.loads(out.read_text())
 
 
+#: Row names the targets read, as prefixes: a sibling row ("states, fast path (kernel + states pass)") gets its own target row.
+FAST_STATES, FAST_WRITE, OWN_STATES = "states, fast path", "set_state_after(mid), fast path", "states, own strategy"
+
+
+def _like(rows: dict, prefix: str) -> list:
+    """``(suffix, row)`` of every row named ``prefix`` or ``prefix`` followed by a parenthesized variant."""
+    return [(name[len(prefix):], row) for name, row in rows.items() if name == prefix or name.startswith(prefix + " (")]
+
+
 def targets(results: dict) -> list:
-    """``(target, where, value, met, key)`` for the issue's four targets (``key`` names its note in `report.WHY`)."""
+    """``(target, where, value, met, key)`` for issue 17's targets (``key`` names its note in `report.WHY`; ``met`` None: not run)."""
     found = []
     for name, family in results["families"].items():
+        bound = TARGETS["fast_states_mamba" if name == "mamba" else "fast_states"]
         for length, data in family["lengths"].items():
-            rows = data["rows"]
+            rows, where, long = data["rows"], f"{name}, L={length}", int(length) >= 512
             row = rows.get("layer_output of every layer")
             if row:
-                found.append((f"layer_output of every layer ≤ {TARGETS['layer_output']}×", f"{name}, L={length}", row["ratio"], row["ratio"] <= TARGETS["layer_output"], "layer_output"))
-            fast = rows.get("states, fast path")
-            if fast and int(length) >= 512:
-                bound = TARGETS["fast_states_mamba" if name == "mamba" else "fast_states"]
-                found.append((f"fast states ≤ {bound}×", f"{name}, L={length}", fast["ratio"], fast["ratio"] <= bound, "fast_states"))
-            write = rows.get("set_state_after(mid), fast path")
-            if write and int(length) >= 512:
-                found.append((f"set_state_after(mid), fast path ≤ {TARGETS['write']}×", f"{name}, L={length}", write["ratio"], write["ratio"] <= TARGETS["write"], "write"))
-            checks = data.get("checks", {})
-            if checks.get("peak_rss_fast") and checks.get("states_bytes") and int(length) >= 512:
-                share = checks["peak_rss_fast"] / checks["states_bytes"]
-                found.append((f"peak memory of a states read ≤ {TARGETS['memory']}× the states", f"{name}, L={length}", share, share <= TARGETS["memory"], "memory"))
+                found.append((f"layer_output of every layer ≤ {TARGETS['layer_output']}×", where, row["ratio"], row["ratio"] <= TARGETS["layer_output"], "layer_output"))
             tl = family.get("tl", {}).get("lengths", {}).get(str(length))
-            if fast and tl:
-                found.append(("fast states ahead of TransformerLens (value: fast / TL)", f"{name}, L={length}", fast["ratio"] / tl["total"]["ratio"], fast["ratio"] < tl["total"]["ratio"], "tl"))
-        lengths = sorted(int(length) for length in family["lengths"])
+            for suffix, fast in _like(rows, FAST_STATES):
+                if long:
+                    found.append((f"fast states{suffix} ≤ {bound}×", where, fast["ratio"], fast["ratio"] <= bound, "fast_states"))
+                if tl:
+                    found.append((f"fast states{suffix} ahead of TransformerLens (value: fast / TL)", where, fast["ratio"] / tl["total"]["ratio"], fast["ratio"] < tl["total"]["ratio"], "tl"))
+            for suffix, write in _like(rows, FAST_WRITE) if long else ():
+                found.append((f"set_state_after(mid), fast path{suffix} ≤ {TARGETS['write']}×", where, write["ratio"], write["ratio"] <= TARGETS["write"], "write"))
+            for suffix, own in _like(rows, OWN_STATES) if long else ():
+                found.append((f"states{suffix} ≤ {bound}× (own strategy: no fast path)", where, own["ratio"], own["ratio"] <= bound, "own_states"))
+            checks = data.get("checks", {})
+            for key, what in (("peak_rss_fast", ""), ("peak_rss_own", " (own strategy)")):
+                if checks.get(key) and checks.get("states_bytes") and long:
+                    share = checks[key] / checks["states_bytes"]
+                    found.append((f"peak memory of a states read{what} ≤ {TARGETS['memory']}× the states", where, share, share <= TARGETS["memory"], "memory"))
+        for length in family.get("skipped", {}):
+            if int(length) >= 512 and (family.get("fast") or family.get("own")):
+                what = f"fast states ≤ {bound}×" if family.get("fast") else f"states ≤ {bound}× (own strategy: no fast path)"
+                found.append((what, f"{name}, L={length}", None, None, "skipped"))
+        lengths = {int(length): data for length, data in family["lengths"].items()}
         if name == "mamba2" and 512 in lengths and 2048 in lengths:
-            for row, what in (("fast states computed alone from captured kernel arguments", "computed alone"), ("states, fast path", "the whole traced forward")):
-                times = [family["lengths"][length]["rows"].get(row, {}).get("median_s") for length in (2048, 512)]
+            for row, what in (("fast states computed alone from captured kernel arguments", "computed alone"), (FAST_STATES, "the whole traced forward")):
+                times = [lengths[length]["rows"].get(row, {}).get("median_s") for length in (2048, 512)]
                 if None not in times:
                     growth = times[0] / times[1]
                     found.append((f"Mamba-2 states at 2048 ≤ {TARGETS['mamba2_growth']}× their time at 512 ({what})", name, growth, growth <= TARGETS["mamba2_growth"], "mamba2_growth"))

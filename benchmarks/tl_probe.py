@@ -8,7 +8,10 @@ length times, interleaved with the plain HF forward, ``run_with_cache``
 (``use_cache=False``, as TransformerLens documents for the gated DeltaNet)
 and ``cache.compute_ssm_state()``. Where the default path fails (Mamba-1 and
 Mamba-2 on transformers 5.24: ``conv1d.hook_out`` never fires), it records
-the error and retries with ``eager_scan = True`` on every SSM mixer bridge.
+the error and retries with ``eager_scan = True`` on every SSM mixer bridge;
+where it fails at the first length with nothing else to try (an adapter whose
+mixers ``compute_ssm_state`` does not cover), it records that once and stops.
+``adapter`` names the architecture adapter (``None``: no adapter).
 Prints one JSON object to the file given.
 """
 
@@ -49,9 +52,11 @@ def main() -> None:
     try:
         bridge = TransformerBridge.boot_transformers(args.model, hf_model=copy, tokenizer=tokenizer, device="cpu")
     except Exception as error:  # noqa: BLE001 - reported, not hidden
-        result["errors"].append(f"boot_transformers: {type(error).__name__}: {error}")
+        result["errors"].append(f"boot_transformers: {type(error).__name__}: {_short(str(error))}")
+        result["adapter"] = None
         json.dump(result, open(args.json, "w"))
         return
+    result["adapter"] = type(getattr(bridge, "adapter", None)).__name__
     result["mode"] = "default"
     import time
 
@@ -75,6 +80,9 @@ def main() -> None:
         except Exception as error:  # noqa: BLE001
             result["errors"].append(f"L={length} {result['mode']}: {type(error).__name__}: {str(error)[:300]}")
             eager = [m for m in bridge.modules() if hasattr(m, "eager_scan")]
+            if last is None and not eager:  # the first length fails with no other path to try: so would every length
+                result["errors"][-1] = f"every length: {result['errors'][-1].split(': ', 1)[1]}"
+                break
             if result["mode"] == "eager_scan" or not eager:
                 continue
             for module in eager:
@@ -94,6 +102,13 @@ def main() -> None:
         interleave([base, both], reps, log=lambda line: print(line, flush=True))
         result["lengths"][str(length)] = {"total": summary(both, base), "base_s": summary(base, base)["median_s"], "check": check}
     json.dump(result, open(args.json, "w"))
+
+
+def _short(message: str) -> str:
+    """An error message without the list of every architecture TransformerLens supports (hundreds of names)."""
+    import re
+
+    return re.sub(r"Available architectures: \[[^\]]*\]", lambda m: f"({m.group(0).count(',') + 1} architectures available)", message)
 
 
 def _last_state_check(plain, ids, found) -> float:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import run
+from benchmarks import models, run
+
+#: The kinds with no fast path, whose states the runner times as their own strategy serves them.
+OWN = ("lightning_attention", "rg_lru", "wkv", "mlstm", "short_convolution")
 
 
 @pytest.fixture(scope="module")
@@ -18,9 +21,14 @@ def results(tmp_path_factory):
     return found, out.read_text()
 
 
+def test_it_runs_every_kind_by_default(results):
+    found, _ = results
+    assert tuple(found["families"]) == models.FAMILIES
+
+
 def test_fast_and_routed_states_it_times_are_equal(results):
     found, _ = results
-    for name in ("gated_deltanet", "mamba", "mamba2"):
+    for name in ("gated_deltanet", "mamba", "mamba2", "kimi_delta_attention"):
         for length, data in found["families"][name]["lengths"].items():
             checks = data["checks"]
             assert checks["states_fast_vs_routed"] < 1e-5, (name, length)
@@ -34,22 +42,82 @@ def test_every_family_times_its_calls_against_the_plain_forward(results):
         for length, data in family["lengths"].items():
             rows = data["rows"]
             assert rows["plain forward"]["ratio"] == pytest.approx(1.0)
-            expected = {"nnsight trace, reading nothing", "layer_output of every layer", "state_output of every recurrent layer", "states, routed"}
+            expected = {"nnsight trace, reading nothing", "layer_output of every layer", "state_output of every recurrent layer"}
+            expected |= {"states, own strategy", "set_state_after(mid), own strategy"} if family["own"] else {"states, routed"}
             if family["fast"]:
                 expected |= {"states, fast path", "set_state_after(mid), fast path"}
             assert expected <= set(rows), (name, length)
         assert family["generate"]["rows"]["generate, plain"]["ratio"] == pytest.approx(1.0)
     assert found["families"]["mamba"]["fast"], "Mamba-1 has a fast path (nnterp.fast.selective)"
+    assert found["families"]["kimi_delta_attention"]["fast"] and not found["families"]["kimi_delta_attention"]["own"]
+
+
+def test_kinds_without_a_fast_path_time_their_own_strategy_and_say_why(results):
+    found, text = results
+    for name in OWN:
+        family = found["families"][name]
+        assert not family["fast"] and family["own"], name
+        for length, data in family["lengths"].items():
+            assert not any("routed" in row or "fast" in row for row in data["rows"]), (name, length)
+            checks = data["checks"]
+            assert checks["states_bytes"] > 0 and checks["peak_rss_own"] is not None
+            assert checks["own_last_vs_state_output"] < 1e-5, (name, length)  # states[:, -1] is the state leaving the call
+        notes = family["notes"]
+        assert any(note.startswith("No fast path: `nnterp.fast_states(model)` says: ") for note in notes), name
+        assert any(note.startswith("No routed rows: ") and "Own strategy: " in note for note in notes), name
+        assert notes[0] in text
+    assert "| states, own strategy |" in text and "peak memory of the read, own strategy" in text
 
 
 def test_the_report_carries_the_command_the_machine_and_the_targets(results):
     found, text = results
     assert found["command"].startswith("python benchmarks/run.py --tiny") and found["command"] in text
     assert "* Machine: " in text and "thread" in text
-    for heading in ("## Gated DeltaNet hybrid", "## Mamba-1", "## Mamba-2", "## Targets"):
+    for heading in ("## Gated DeltaNet hybrid", "## Mamba-1", "## Mamba-2", "## Targets", "## Kimi delta attention", "## Lightning attention",
+                    "## RG-LRU", "## RWKV-4", "## mLSTM", "## Gated short convolution"):
         assert heading in text
     assert "| states, fast path |" in text and "TransformerLens" in text
     assert any(target.startswith("generate reading state_output") for target, *_ in found["targets"])
+
+
+def test_targets_cover_every_kind_and_show_what_was_not_run():
+    # At the lengths (not reached by the tiny run): the own strategy's states are held to the same bound, with the
+    # reason beside them; a skipped length shows as not run; a sibling fast row ("... (kernel + states pass)") gets its own target.
+    row = lambda ratio: {"ratio": ratio, "min": ratio, "max": ratio, "median_s": ratio, "n": 3}  # noqa: E731
+    results = {"families": {
+        "mlstm": {"fast": False, "own": True, "skipped": {}, "lengths": {512: {
+            "rows": {"plain forward": row(1.0), "states, own strategy": row(1.9)}, "checks": {"peak_rss_own": 110, "states_bytes": 100}}}},
+        "kimi_delta_attention": {"fast": True, "own": False, "skipped": {2048: "one plain forward projected to take 62 s"}, "lengths": {512: {
+            "rows": {"plain forward": row(1.0), "states, fast path": row(1.2), "states, fast path (kernel + states pass)": row(1.05),
+                     "set_state_after(mid), fast path": row(1.0)}, "checks": {}}}},
+    }}
+    found = {(target, where): (value, met, key) for target, where, value, met, key in run.targets(results)}
+    assert found[("states ≤ 1.1× (own strategy: no fast path)", "mlstm, L=512")] == (1.9, False, "own_states")
+    assert found[("peak memory of a states read (own strategy) ≤ 1.05× the states", "mlstm, L=512")][1] is False
+    assert found[("fast states ≤ 1.1×", "kimi_delta_attention, L=512")][1] is False
+    assert found[("fast states (kernel + states pass) ≤ 1.1×", "kimi_delta_attention, L=512")][1] is True
+    assert found[("set_state_after(mid), fast path ≤ 1.1×", "kimi_delta_attention, L=512")][1] is True
+    assert found[("fast states ≤ 1.1×", "kimi_delta_attention, L=2048")] == (None, None, "skipped")
+    results.update(command="python benchmarks/run.py", machine="m", targets=run.targets(results))
+    for family in results["families"].values():
+        family["tl"] = {"adapter": None, "lengths": {}, "errors": ["boot_transformers: ValueError: no"]}
+    text = run.render(results)
+    assert "| fast states ≤ 1.1× | kimi_delta_attention, L=2048 | – | not run |" in text
+    assert "L=2048 not run: one plain forward projected to take 62 s." in text
+    assert "**own_states**" in text and "TransformerLens 4.3: no adapter for this architecture" in text
+
+
+def test_model_folders_are_named_the_same_in_every_process(tmp_path):
+    # str hash() is salted per process: a name made from it changed every run (and every run rebuilt every model).
+    import subprocess
+    import sys
+
+    code = "from benchmarks import cases, models; print(cases.folder_name('mamba', models.configs(True)['mamba']))"
+    names = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**__import__("os").environ, "PYTHONHASHSEED": seed}).stdout
+        for seed in ("1", "2")
+    }
+    assert len(names) == 1 and names.pop().startswith("mamba-")
 
 
 def test_gpu_script_dry_run_checks_fast_against_routed(tmp_path, capsys):
