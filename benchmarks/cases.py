@@ -251,7 +251,7 @@ def generate_methods(plain: Any, model: Any, ids: torch.Tensor) -> list:
     ]
 
 
-def checks(model: Any, ids: torch.Tensor, values: list, paths: Paths, routed: bool) -> dict:
+def checks(model: Any, ids: torch.Tensor, values: list, paths: Paths, routed: bool, plain: Any = None) -> dict:
     """What the timed calls must agree on (fast vs routed states and writes; own states' last vs state_output), the states' size and peak memory."""
     from .timing import peak_rss
 
@@ -268,6 +268,14 @@ def checks(model: Any, ids: torch.Tensor, values: list, paths: Paths, routed: bo
         with torch.no_grad(), model.trace(ids):
             for mix, value in zip(mixers(model), values):
                 mix.set_state_after(ids.shape[1] // 2, value)
+            logits = model.logits.save()
+        return logits
+
+    def logits_reading_states():
+        # Every layer's states read: on the fast path the kernel calls are skipped with the one pass's outputs.
+        with torch.no_grad(), model.trace(ids):
+            for mix in mixers(model):
+                mix.states.save()
             logits = model.logits.save()
         return logits
 
@@ -301,8 +309,13 @@ def checks(model: Any, ids: torch.Tensor, values: list, paths: Paths, routed: bo
         try:
             found["peak_rss_fast"], fast = peak_rss(states)
             fast_logits = write()
+            one_pass = logits_reading_states()
         finally:
             paths.default()
+        if plain is not None:
+            with torch.no_grad():
+                expected = plain(ids).logits
+            found["one_pass_logits_vs_plain"] = (one_pass - expected).abs().max().item() / max(expected.abs().max().item(), 1.0)
         found["states_bytes"] = sum(s.numel() * s.element_size() for s in fast)
         if reference is not None:
             scale = max(max(s.abs().max().item() for s in reference), 1.0)

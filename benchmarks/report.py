@@ -24,15 +24,19 @@ WHY = {
         "What would reach it at short prompts: batching prompts so the fixed cost is shared."
     ),
     "fast_states": (
-        "Writing every per-token state costs at least one pass over memory of the states' size (1 MiB per token per "
-        "DeltaNet layer here) plus, on a fresh buffer, page faults; the arithmetic is a few multiply-adds per element. "
-        "What would reach it: reading the layers or positions needed only (`state_after(t)` runs the bound kernel on "
-        "a prefix and materializes nothing), a fused kernel writing each state once (Triton/CUDA), or bfloat16 states."
+        "The one pass (the default row) skips the kernel call and does its chunked transform once, so what remains "
+        "beyond the plain forward is writing every per-token state: at least one pass over memory of the states' size "
+        "(1 MiB per token per DeltaNet layer here). On this CPU each state is written by one multiply into the buffer "
+        "and one in-place rank-one update (measured 1.8x the time of merely filling the buffer; fused into one pass it "
+        "would be about 1x), from a buffer reused across reads (no page faults). What would reach it: a fused kernel "
+        "writing each state once (Triton/CUDA: `benchmarks/gpu.py`), bfloat16 states, or reading only the layers and "
+        "positions needed (`model.states_of(positions, layers)`: cost and memory follow the selection)."
     ),
     "write": (
-        "A write splits the kernel call in two and runs the bound kernel on each part (token t's own output as "
-        "computed, the rest from the written state): at 512 tokens the two chunked calls cost more than one. What "
-        "would reach it: one kernel call whose state is replaced at t inside it (a kernel taking a write position)."
+        "A write splits the kernel call in two (token t's own output as computed, the rest from the written state). "
+        "On Mamba-1 and Mamba-2 both parts run the fast path's own pass, cheaper than transformers' torch kernels; on "
+        "the delta rules both run the bound kernel, whose two chunked calls can cost more than one. What would reach "
+        "it: one kernel call whose state is replaced at t inside it (a kernel taking a write position)."
     ),
     "memory": (
         "The states are written into a buffer of their own size; what a read adds beyond it is the kernel's own "
@@ -47,8 +51,9 @@ WHY = {
     "skipped": "Not measured in this run: the length was skipped (the family's notes say why); rerun with a larger `--max-forward-s`.",
     "tl": "TransformerLens replays the scan token by token from its activation cache; the fast path should be ahead at every length.",
     "mamba2_growth": (
-        "The fast path's own work is linear in length (the 'computed alone' row, within target); the traced forward "
-        "row also contains transformers' forward, whose chunk scan grows faster than linearly."
+        "With the one pass the chunk scan is skipped when the states are read, and the fast path's own work is "
+        "linear in length (the 'computed alone' row); what remains of the traced forward is transformers' forward "
+        "around the scan."
     ),
     "generate": (
         "Not the state read itself: nnterp decides the kernel of every mixer call from the call's inputs, and "
@@ -103,6 +108,7 @@ MEMORY = (
     ("peak memory of the read, own strategy", "peak_rss_own", True),
     ("fast vs routed states, max abs diff / max abs state", "states_fast_vs_routed", None),
     ("fast vs routed `set_state_after(mid)` logits, max abs diff", "write_fast_vs_routed", None),
+    ("logits of a trace reading every layer's states (fast path: one pass) vs the plain forward, max abs diff / max abs logit", "one_pass_logits_vs_plain", None),
     ("own strategy's states at the last token vs `state_output`, max abs diff", "own_last_vs_state_output", None),
 )
 

@@ -126,7 +126,7 @@ def _measure(args: argparse.Namespace, argv: list | None) -> dict:
             routed = not paths.own and not (paths.kind == "mamba2" and length > args.mamba2_routed_max)
             values = cases.donors(model, ids)
             log(f"  L={length}: checks (untimed)")
-            checks = cases.checks(model, ids, values, paths, routed)
+            checks = cases.checks(model, ids, values, paths, routed, plain)
             # Short prompts are cheap and the noisiest relative to their length: more repeats.
             reps = reps_for(name, args.long_reps if longest else (3 * args.reps if length < 256 else args.reps), args.tiny)
             timed = cases.methods(plain, model, ids, values, paths, args.routed_long_reps if longest else reps, routed)
