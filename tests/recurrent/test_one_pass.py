@@ -25,7 +25,16 @@ from nnterp.components.selective_scan import SelectiveScan
 from nnterp.components.state_space import StateSpace
 from nnterp.families import REGISTRY
 from nnterp.recurrent.per_token import from_arguments
-from tests.recurrent.test_from_arguments import FAST, LONG, OTHER, PROMPT, loaded, mixers, state_donor  # noqa: F401 (fixture)
+from tests.recurrent.test_from_arguments import (  # noqa: F401 (loaded: a fixture)
+    FAST,
+    LONG,
+    OTHER,
+    PROMPT,
+    loaded,
+    mixers,
+    state_donor,
+    tolerance,
+)
 from tests.reference import hf_oracles as hf
 
 
@@ -58,10 +67,6 @@ def plain_run(plain, ids):
     with torch.no_grad():
         out = hf._forward(plain, ids)
     return out.logits, hf.output_cache(out)
-
-
-def tolerance(expected):
-    return {"rtol": 1e-4, "atol": 1e-5 * max(1.0, expected.abs().max().item())}
 
 
 @pytest.mark.parametrize("model_type", FAST)
