@@ -74,6 +74,7 @@ which read came first.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -256,8 +257,9 @@ class LightningAttention(Standard):
 
     def _states(self) -> torch.Tensor:
         run = self._run()
-        pieces = [self._scan(run, lo, hi, initial, keep=True)[2] for lo, hi, initial in self._segments(run)]
-        out = torch.cat(pieces, dim=1)
+        tapped = recording(run.q) and not run.writes and not run.decays_written and not self._passed(run, "cat", run.first["cat"])
+        with torch.no_grad() if tapped else nullcontext():  # a tap's values are detached: the same as without autograd
+            out = calls.computed_states(self, run)
         for t, value in run.writes.items():
             out[:, t] = value
         if not run.writes and not run.decays_written:
@@ -267,7 +269,7 @@ class LightningAttention(Standard):
                 out[:, -1] = final
         run.states_read = True
         run.furthest = run.seq - 1
-        if recording(run.q) and not run.writes and not run.decays_written and not self._passed(run, "cat", run.first["cat"]):
+        if tapped:
             # A tap: a leaf holding the states, read by the later tokens' outputs through an exact zero, so its
             # gradient at t is the loss's derivative by the state after t as the tokens after t read it.
             leaf = fill(tap(tuple(out.shape), out), out.detach())
@@ -286,7 +288,7 @@ class LightningAttention(Standard):
             return run.writes[position]
         lo, hi, initial = self._segments(run, position + 1)[-1]
         run.furthest = max(run.furthest, position)
-        state = self._scan(run, lo, hi, initial)[1]
+        state = calls.state_at(self, run, lo, hi, initial)
         run.read[position] = state
         return state
 

@@ -22,7 +22,9 @@ from nnsight.intervention.source import compiled, decorator_chain
 from ..core.calls import mediator, per_call, pinned
 from ..core.errors import NnterpError, OrderError, PositionError, WrongType
 from ..core.local import LocalDict
-from ..fast.lightning import lightning_scan
+from ..fast.buffers import empty_states
+from ..fast.lightning import lightning_scan, lightning_states
+from ..fast.scan import differentiable
 from ..recurrent.call import order_hint
 from ..recurrent.kernels import signature, signature_binding
 from ..recurrent.labels import bindings, call_label, missing
@@ -147,6 +149,44 @@ def scan(mixer, run: Run, lo: int, hi: int, initial: Any, keep: bool = False) ->
     return lightning_scan(run.q[:, lo:hi], run.k[:, lo:hi], run.v[:, lo:hi], run.g[:, lo:hi], initial, keep)
 
 
+def in_place(run: Run, *initials: Any) -> bool:
+    """Whether the states are written in place (`lightning_states`) rather than by the token loop (`lightning_scan`).
+
+    The token loop is kept under autograd (a graph to keep), for a state in
+    another dtype than float32 (computed in it, as transformers does), and on a
+    call that continues a state (a decode step): there the forward runs the same
+    token loop, so its states equal the cache's bit for bit, which an
+    ``addcmul_`` (one rounding where the loop rounds twice) would not.
+    """
+    return run.q.dtype == torch.float32 and not run.continues and not differentiable(run.k, run.v, run.g, *initials)
+
+
+def state_at(mixer, run: Run, lo: int, hi: int, initial: Any) -> torch.Tensor:
+    """The state after token ``hi - 1`` from ``initial`` before ``lo``: as `computed_states` computes it (so
+    ``state_after(t)`` equals ``states[:, t]``), in place in a two-slot ring when `in_place`."""
+    if not in_place(run, initial):
+        return scan(mixer, run, lo, hi, initial)[1]
+    ring = run.q.new_empty((run.q.shape[0], 2, *mixer._state_shape(run)[1:]))
+    lightning_states(run.k[:, lo:hi], run.v[:, lo:hi], run.g[:, lo:hi], initial, ring)
+    return ring[:, (hi - lo - 1) % 2].clone()
+
+
+def computed_states(mixer, run: Run, stop: int | None = None) -> torch.Tensor:
+    """The states after tokens ``0 .. stop - 1`` from the call's q, k, v, decays and writes, ``[batch, stop, ...]``.
+
+    When `in_place`, written into one buffer (`lightning_states`); otherwise
+    the token loop's states, concatenated. A written state ``t`` is not copied in here.
+    """
+    runs = segments(mixer, run, stop)
+    if not in_place(run, *(initial for _, _, initial in runs)):
+        return torch.cat([scan(mixer, run, lo, hi, initial, keep=True)[2] for lo, hi, initial in runs], dim=1)
+    stop = run.seq if stop is None else stop
+    out = empty_states((run.q.shape[0], stop, *mixer._state_shape(run)[1:]), run.q.device)
+    for lo, hi, initial in runs:
+        lightning_states(run.k[:, lo:hi], run.v[:, lo:hi], run.g[:, lo:hi], initial, out, lo)
+    return out
+
+
 def scan_with(mixer, run: Run, g: torch.Tensor) -> torch.Tensor:
     """The call's outputs before the norm with decays ``g`` (q, k, v detached), ``[batch, heads, seq, dim]``."""
     q, k, v = (x.detach() for x in (run.q, run.k, run.v))
@@ -226,8 +266,7 @@ def states_of(mixer, selection: Any) -> torch.Tensor:
     if not chosen:
         return run.q.new_empty((run.q.shape[0], 0, *mixer._state_shape(run)[1:]))
     stop = max(chosen) + 1
-    pieces = [scan(mixer, run, lo, hi, initial, keep=True)[2] for lo, hi, initial in segments(mixer, run, stop)]
-    states = torch.cat(pieces, dim=1)
+    states = computed_states(mixer, run, stop)
     for t, value in run.writes.items():
         if t < stop:
             states[:, t] = value

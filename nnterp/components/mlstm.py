@@ -70,7 +70,9 @@ from ..core.calls import mediator
 from ..core.dims import BATCH, KEY_DIM, MIXER_HEADS, SEQ, STATE_COLUMNS, Gates, Values
 from ..core.errors import NnterpError, Unavailable
 from ..core.values import DerivedEProperty, Unwrap, check_expected, replace_in
-from ..fast.mlstm import MLSTM_ATTENTION, mlstm_states, pack, unpack
+from ..fast.buffers import empty_states
+from ..fast.mlstm import MLSTM_ATTENTION, mlstm_states, mlstm_states_into, pack, unpack
+from ..fast.scan import differentiable
 from ..recurrent.arguments import SAME, Layout, kernel_waiting
 from ..recurrent.call import Call
 from ..recurrent.gradients import fill, graft, recording, tap
@@ -271,16 +273,32 @@ class MLSTM(RecurrentMixer):
             runs.append((lo, stop, initial))
         return runs
 
-    def _computed(self, lo: int, hi: int, initial: torch.Tensor | None) -> torch.Tensor:
-        """The packed states after tokens ``[lo, hi)`` from ``initial``, ``[batch, hi - lo, ...]``."""
-        k, v, i, f = (self._serve(name)[:, lo:hi] for name in ("k", "v", "igate", "fgate"))
-        return mlstm_states(k, k, v, i, f, initial)
+    def _all_computed(self, call: Call, stop: int | None = None, start: int = 0) -> torch.Tensor:
+        """The packed states after tokens ``start .. stop - 1`` (written states not copied in), ``[batch, stop - start, ...]``.
+
+        ``start`` is 0 or where a segment starts (`state_after` computes its last segment only).
+
+        Without autograd written in place into one buffer (`mlstm_states_into`);
+        with a graph to keep, or on a one-token call (transformers runs its
+        one-step kernel there, whose operations `mlstm_states` repeats, so the
+        state equals the cache's bit for bit), the token loop's, concatenated.
+        """
+        runs = [run for run in self._segments(call, stop) if run[0] >= start]
+        k, v, i, f = (self._serve(name) for name in ("k", "v", "igate", "fgate"))
+        if call.seq == 1 or differentiable(k, v, i, f, *(initial for _, _, initial in runs)):
+            parts = [mlstm_states(k[:, lo:hi], k[:, lo:hi], v[:, lo:hi], i[:, lo:hi], f[:, lo:hi], initial) for lo, hi, initial in runs]
+            return torch.cat(parts, dim=1)
+        stop = call.seq if stop is None else stop
+        out = empty_states((k.shape[0], stop - start, *call.expected[0][1:]), k.device)
+        for lo, hi, initial in runs:
+            mlstm_states_into(k[:, lo:hi], v[:, lo:hi], i[:, lo:hi], f[:, lo:hi], initial, out, lo - start)
+        return out
 
     def _states(self) -> torch.Tensor:
         call = self._split("states")
         if not call.writes and recording(self._serve("k")) and kernel_waiting(self):
             return self._tapped_states(call)
-        out = torch.cat([self._computed(lo, hi, initial) for lo, hi, initial in self._segments(call)], dim=1)
+        out = self._all_computed(call)
         for t, value in call.writes.items():
             out[:, t] = value
         call.states_read = True
@@ -304,7 +322,9 @@ class MLSTM(RecurrentMixer):
         call.op.output = replace_in(output, 0, graft(mine, mine, output[0]))
         call.states_read = True
         call.advance(call.seq - 1, "states")
-        return fill(collect, states.detach())
+        with torch.no_grad():  # the leaf's values as without autograd (`states` computes them in place there)
+            values = states.detach() if call.seq == 1 else self._all_computed(call)
+        return fill(collect, values)
 
     states = DerivedEProperty(
         _states,
@@ -328,7 +348,7 @@ class MLSTM(RecurrentMixer):
         if position in call.writes:
             return call.writes[position]
         lo, hi, initial = self._segments(call, position + 1)[-1]
-        value = self._computed(lo, hi, initial)[:, -1]
+        value = self._all_computed(call, position + 1, lo)[:, -1].clone()
         call.advance(position, what)
         call.strategy["read"][position] = value
         return value
@@ -346,8 +366,7 @@ class MLSTM(RecurrentMixer):
             shape = call.expected[0]
             return torch.empty((shape[0], 0, *shape[1:]), device=call.expected[2])
         last = max(chosen)
-        pieces = [self._computed(lo, hi, initial) for lo, hi, initial in self._segments(call, last + 1)]
-        states = torch.cat(pieces, dim=1)
+        states = self._all_computed(call, last + 1)
         for t, value in call.writes.items():
             if t <= last:
                 states[:, t] = value

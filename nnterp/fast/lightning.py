@@ -10,7 +10,12 @@ Per head, a state ``S`` of ``[key_dim, value_dim]`` decays by a fixed rate
 transformers' decode branch (``ratio * S + kᵀv``, then ``q @ S``), so a state
 continued here equals a plain forward fed one token at a time over a replaced
 cache bit for bit; `lightning_attention` is the exact effective attention of the
-same outputs. Layouts are tokens first: ``q``, ``k`` ``[batch, seq, heads,
+same outputs. `lightning_states` writes the state after every token (no
+outputs) into one preallocated float32 buffer in place (`scan.step_states`:
+one multiply into the token's slot, one ``addcmul_``), for reads without
+autograd: the same recurrence to float32 rounding (an ``addcmul_`` may round
+as one fused multiply-add where ``ratio * S + kᵀv`` rounds twice), not bit for
+bit. Layouts are tokens first: ``q``, ``k`` ``[batch, seq, heads,
 key_dim]``, ``v`` ``[batch, seq, heads, value_dim]``, ``g`` ``[batch, seq,
 heads]``; a state ``[batch, heads, key_dim, value_dim]`` in the inputs' dtype.
 """
@@ -18,6 +23,9 @@ heads]``; a state ``[batch, heads, key_dim, value_dim]`` in the inputs' dtype.
 from __future__ import annotations
 
 import torch
+
+from .buffers import empty_states
+from .scan import differentiable, step_states
 
 
 def lightning_scan(
@@ -40,6 +48,28 @@ def lightning_scan(
             states.append(state)
     out = torch.cat(outputs, dim=2).transpose(1, 2)
     return out, state, torch.stack(states, dim=1) if keep else None
+
+
+def lightning_states(
+    k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, initial: torch.Tensor | None = None, out: torch.Tensor | None = None, first: int = 0
+) -> torch.Tensor:
+    """The state after every token, written in place into ``out`` ``[batch, seq, heads, key_dim, value_dim]`` float32.
+
+    ``k``, ``v``, ``g`` are the tokens written (tokens first, as for
+    `lightning_scan`); token ``j`` goes to ``out[:, first + j]`` (``out`` is
+    `empty_states` of ``[batch, n, ...]`` when ``None``, ``first`` then 0).
+    ``initial``: the state before token ``first`` (zeros when ``None``; may be
+    a view of ``out``). No autograd: raises `ValueError` on an input that
+    records a graph (use `lightning_scan` with ``keep=True`` there).
+    """
+    batch, seq, heads, key_dim = k.shape
+    if differentiable(k, v, g, initial):
+        raise ValueError("lightning_states writes in place: under autograd use lightning_scan(keep=True)")
+    if out is None:
+        out, first = empty_states((batch, seq, heads, key_dim, v.shape[-1]), k.device), 0
+    start = k.new_zeros((batch, heads, key_dim, v.shape[-1]), dtype=torch.float32) if initial is None else initial.float()
+    step_states(out, first, start, g.float().transpose(1, 2)[..., None], k.float().transpose(1, 2), v.float().transpose(1, 2))
+    return out
 
 
 def lightning_attention(

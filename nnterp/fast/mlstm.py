@@ -17,6 +17,15 @@ Per token, from the gate pre-activations ``ĩ`` (input) and ``f̃`` (forget)::
     C_t = exp(logsigmoid(f̃_t) + m_{t-1} - m_t) C_{t-1} + exp(ĩ_t - m_t) k_t v_tᵀ
     n_t = (the same gates) n_{t-1} + exp(ĩ_t - m_t) k_t
 
+`mlstm_states` runs these equations token by token and stacks the packed
+states (differentiable, and with a ``tap`` the outputs too); without autograd
+`mlstm_states_into` writes every packed state into one preallocated buffer in
+place: the stabilizers ``m_t`` first (a loop over ``[batch, heads]`` numbers,
+the same float32 operations), then, ``C`` and ``n`` being one decayed rank-one
+update of ``[C | n]`` by ``(exp(ĩ_t - m_t) k_t) ⊗ [v_t, 1]``, `scan.step_states`
+into the buffer's ``[..., :value_dim + 1]`` slice. Equal to float32 rounding
+(the input gate multiplies ``k`` before the outer product, not after).
+
 Pure torch: this file knows nothing of nnsight or of the components.
 """
 
@@ -25,7 +34,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .buffers import empty_states
 from .effective import EffectiveSpec, Selection, indices
+from .scan import differentiable, step_states
 
 
 def pack(c: torch.Tensor, n: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -99,6 +110,50 @@ def mlstm_states(
         out.append(pack(c, n, m))
     states = torch.stack(out, dim=1)
     return (states, torch.stack(hs, dim=1)) if tap is not None else states
+
+
+def mlstm_states_into(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    igate: torch.Tensor,
+    fgate: torch.Tensor,
+    initial: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    first: int = 0,
+) -> torch.Tensor:
+    """`mlstm_states` without autograd, written in place: token ``j`` into ``out[:, first + j]``.
+
+    ``out``: float32 ``[batch, ≥ first + seq, heads, key_dim, value_dim + 2]``
+    (`empty_states` of ``[batch, seq, ...]`` when ``None``, ``first`` then 0);
+    ``initial`` a packed state (may be a view of ``out``) or ``None`` (zeros).
+    Raises `ValueError` on an input that records a graph: in-place writes would
+    break it (use `mlstm_states` there).
+    """
+    batch, seq, heads, key_dim = k.shape
+    value_dim = v.shape[-1]
+    if differentiable(k, v, igate, fgate, initial):
+        raise ValueError("mlstm_states_into writes in place: under autograd use mlstm_states")
+    if out is None:
+        out, first = empty_states((batch, seq, heads, key_dim, value_dim + 2), k.device), 0
+    if initial is None:
+        start = k.new_zeros((batch, heads, key_dim, value_dim + 1), dtype=torch.float32)
+        m = k.new_zeros((batch, heads, 1), dtype=torch.float32)
+    else:
+        start, m = initial[..., :-1].float(), initial[..., 0, -1:].float()
+    log_f = F.logsigmoid(fgate.float()).transpose(1, 2)[..., None]  # [b, h, seq, 1]
+    i = igate.float().transpose(1, 2)[..., None]
+    stabilizers = log_f.new_empty((batch, heads, seq + 1, 1))  # m_{t-1} at t, m_t at t + 1
+    stabilizers[:, :, 0] = m
+    for forget, gate, slot in zip(log_f.unbind(2), i.unbind(2), stabilizers[:, :, 1:].unbind(2)):
+        m = torch.maximum(forget + m, gate, out=slot)
+    previous, stabilizers = stabilizers[:, :, :-1], stabilizers[:, :, 1:]
+    decay = log_f + previous - stabilizers  # log of the forget activation, ≤ 0
+    writes = torch.exp(i - stabilizers) * k.float().transpose(1, 2)  # exp(ĩ_t - m_t) k_t, [b, h, seq, key_dim]
+    values = torch.cat([v.float(), v.new_ones((batch, seq, heads, 1), dtype=torch.float32)], dim=-1).transpose(1, 2)
+    window = out[:, first : first + seq]
+    window[..., -1] = stabilizers.squeeze(-1).transpose(1, 2)[..., None]  # m, repeated along the key axis
+    step_states(window[..., :-1], 0, start, decay, writes, values)
+    return out
 
 
 def mlstm_attention(

@@ -77,13 +77,16 @@ def step_states(out: torch.Tensor, first: int, start: torch.Tensor, g: torch.Ten
     a, b = a.contiguous(), b.contiguous()
     readout = None if read is None else a.new_empty(a.shape[0], a.shape[1], n, a.shape[-1], dtype=torch.float32)
     previous = start
-    slots = out.shape[1]
+    slots = out.unbind(1)
+    # Every per-token view made at once (unbind): indexing in the loop costs as much as the arithmetic on small states.
+    decays, rows, cols = decay.unbind(2), a[..., None].unbind(2), b[..., None, :].unbind(2)
+    reads, outs = (read[..., None].unbind(2), readout[..., None].unbind(2)) if read is not None else ((), ())
     for t in range(n):
-        state = out[:, (first + t) % slots]
-        torch.mul(previous, decay[:, :, t], out=state)
-        state.addcmul_(a[:, :, t, :, None], b[:, :, t, None, :])
+        state = slots[(first + t) % len(slots)]
+        torch.mul(previous, decays[t], out=state)
+        state.addcmul_(rows[t], cols[t])
         if read is not None:
-            torch.matmul(state, read[:, :, t, :, None], out=readout[:, :, t, :, None])
+            torch.matmul(state, reads[t], out=outs[t])
         previous = state
     return readout
 
