@@ -77,12 +77,13 @@ def step_states(out: torch.Tensor, first: int, start: torch.Tensor, g: torch.Ten
     a, b = a.contiguous(), b.contiguous()
     readout = None if read is None else a.new_empty(a.shape[0], a.shape[1], n, a.shape[-1], dtype=torch.float32)
     previous = start
-    slots = out.unbind(1)
+    ring = out.shape[1] < first + n
     # Every per-token view made at once (unbind): indexing in the loop costs as much as the arithmetic on small states.
+    slots = out.unbind(1) if ring else out[:, first:first + n].unbind(1)
     decays, rows, cols = decay.unbind(2), a[..., None].unbind(2), b[..., None, :].unbind(2)
     reads, outs = (read[..., None].unbind(2), readout[..., None].unbind(2)) if read is not None else ((), ())
     for t in range(n):
-        state = slots[(first + t) % len(slots)]
+        state = slots[(first + t) % len(slots)] if ring else slots[t]
         torch.mul(previous, decays[t], out=state)
         state.addcmul_(rows[t], cols[t])
         if read is not None:
