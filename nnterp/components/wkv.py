@@ -38,7 +38,9 @@ in forward order:
   Writable on a prompt too: the kernel takes an initial state.
 * ``state`` / ``states`` ``[batch, seq, wkv_parts, channels]`` /
   ``state_after`` / ``set_state_after``: the state after every token, read in
-  the kernel's own loop (`TokenLoop`), with no routing on CPU. A write at
+  the kernel's own loop (`TokenLoop`), with no routing on CPU; ``states`` read
+  first on a float32 prompt without autograd runs the kernel's loop once with
+  every state and skips the call (`nnterp.components.wkv_one_pass`). A write at
   ``t`` recomputes token ``t + 1`` from the written state with the kernel's
   own operations (its output and its update), so the loop goes on from it.
 * ``state_output``: the state after the call's last token; writable.
@@ -70,6 +72,7 @@ from ..recurrent.call import Call
 from ..recurrent.gradients import graft, recording
 from ..recurrent.kernels import drill, modeling_of, needs_torch_kernels, original_body
 from ..recurrent.labels import Label, bindings, cache_test, call_label
+from . import wkv_one_pass as one_pass
 from .recurrent import RecurrentMixer, kernel_argument
 
 Channels = Float[Tensor, f"{BATCH} {SEQ} {CHANNELS}"]
@@ -271,6 +274,8 @@ class WKV(RecurrentMixer):
         "the WKV state after a token, one occurrence per token (tracer.iter), [batch, wkv_parts, channels]", WkvState
     )
     states = RecurrentMixer.states.variant("the WKV state after every token of this call, [batch, seq, wkv_parts, channels]", WkvStates)
+    states.compute = one_pass.every_state  # the kernel's loop run once with every state where it applies
+    state_after, set_state_after = one_pass.state_after, one_pass.set_state_after
 
     effective_attention = RecurrentMixer.effective_attention.variant(
         "the exact effective attention per channel A[c, t, s]: the kernel's output (before the receptance gate) at t "
