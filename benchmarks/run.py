@@ -116,11 +116,13 @@ def _measure(args: argparse.Namespace, argv: list | None) -> dict:
             began = time.perf_counter()
             plain(ids)  # a warm-up, and the time the longer lengths are projected from
             once = time.perf_counter() - began
-            for later in lengths[index + 1:]:
-                projected = once * (later / length) ** 2
-                if projected > args.max_forward_s and later not in family["skipped"]:
-                    family["skipped"][later] = (f"one plain forward projected to take {projected:.0f} s (from {once:.1f} s at L={length}, "
-                                                f"assuming quadratic growth; --max-forward-s {args.max_forward_s:g})")
+            # The next length only, from this one (a projection over several lengths overshoots a mostly linear forward).
+            following = lengths[index + 1:]
+            if following and once * (following[0] / length) ** 2 > args.max_forward_s:
+                projected = once * (following[0] / length) ** 2
+                for later in following:
+                    family["skipped"][later] = (f"one plain forward projected to take {projected:.0f} s at L={following[0]} (from "
+                                                f"{once:.1f} s at L={length}, assuming quadratic growth; --max-forward-s {args.max_forward_s:g})")
                     log(f"  L={later}: skipped, {family['skipped'][later]}")
             longest = all(later in family["skipped"] for later in lengths[index + 1:])
             routed = not paths.own and not (paths.kind == "mamba2" and length > args.mamba2_routed_max)
