@@ -6,16 +6,13 @@ transformers' torch kernel.
 Oracles, none from nnterp: a plain transformers forward (its logits and its
 cache's final states), transformers' cache after each prefix, a plain greedy
 loop, and whether transformers' pure-torch kernel body ran at all (counted by
-a profile hook on its code object). Every family with a fast path, in
+a profile hook, `tests.reference.calls`). Every family with a fast path, in
 float32; the cases where the kernel must run instead (another dtype, two
 invokes sharing the call, one_pass switched off) are checked to run it and to
 give the same answers.
 """
 
 from __future__ import annotations
-
-import sys
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -36,6 +33,7 @@ from tests.recurrent.test_from_arguments import (  # noqa: F401 (loaded: a fixtu
     tolerance,
 )
 from tests.reference import hf_oracles as hf
+from tests.reference.calls import counting
 
 
 def kernel_body(model):
@@ -43,24 +41,6 @@ def kernel_body(model):
     fn = getattr(model.family.MODELING, model.family.MIXER.CHUNK_FUNCTION)
     cells = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
     return cells.get("torch_function", fn)
-
-
-@contextmanager
-def counting(body):
-    """Counts the calls of ``body`` (a Python function) while the block runs."""
-    calls = []
-    code = body.__code__
-
-    def hook(frame, event, arg):
-        if event == "call" and frame.f_code is code:
-            calls.append(1)
-
-    previous = sys.getprofile()
-    sys.setprofile(hook)
-    try:
-        yield calls
-    finally:
-        sys.setprofile(previous)
 
 
 def plain_run(plain, ids):

@@ -3,41 +3,21 @@
 Oracles, none from nnterp: a plain transformers forward (its logits and its
 returned state list), that state after each prefix, a plain forward from a
 replaced state, and whether transformers' loop body (``rwkv_linear_attention_cpu``)
-ran at all (counted by a profile hook on its code object). The cases kept on
+ran at all (counted by a profile hook, `tests.reference.calls`). The cases kept on
 the token loop (two invokes, autograd, a write, a decode step, the switch
 off) are checked to run the loop and to give the same answers.
 """
 
 from __future__ import annotations
 
-import sys
-from contextlib import contextmanager
-
 import pytest
 import torch
 
 from nnterp import OrderError
 from nnterp.components import wkv_one_pass
+from tests.reference.calls import counting
 from tests.suites.checkpoint import OTHER, PROMPT, CheckpointFixtures
 from tests.suites.wkv import TOL, continue_from_state, fresh_state, greedy, prefix_states, set_wkv_state, wkv_state
-
-
-@contextmanager
-def counting(body):
-    """Counts the calls of ``body`` while the block runs, by its code's name: nnsight runs an instrumented copy."""
-    calls = []
-    name = body.__code__.co_name
-
-    def hook(frame, event, arg):
-        if event == "call" and frame.f_code.co_name == name:
-            calls.append(1)
-
-    previous = sys.getprofile()
-    sys.setprofile(hook)
-    try:
-        yield calls
-    finally:
-        sys.setprofile(previous)
 
 
 class TestWkvOnePass(CheckpointFixtures):
