@@ -35,7 +35,7 @@ from ..fast.buffers import empty_states
 from ..fast.wkv_states import wkv_one_pass
 from ..recurrent.call import order_hint
 from ..recurrent.gradients import recording
-from ..recurrent.kernels import bound, modeling_of, optimized, original_body, torch_function
+from ..recurrent.kernels import bound, modeling_of, original_body, runs_pure_torch, torch_function
 from ..recurrent.per_token import strategy_for
 from ..recurrent.per_token.from_arguments import covers_the_batch
 from ..recurrent.per_token.loop import TOKEN_LOOP
@@ -50,9 +50,8 @@ SERVED = "wkv_one_pass"
 def _pure_torch(mixer: Any) -> bool:
     """Whether the prompt's kernel call runs transformers' own pure-torch loop."""
     modeling = modeling_of(mixer._module)
-    binding = bound(modeling, type(mixer).CHUNK_FUNCTION)
-    if optimized(binding) is not None or torch_function(binding) is not original_body(modeling, type(mixer).CHUNK_FUNCTION):
-        return False
+    if not runs_pure_torch(mixer) or torch_function(bound(modeling, type(mixer).CHUNK_FUNCTION)) is not original_body(modeling, type(mixer).CHUNK_FUNCTION):
+        return False  # an optimized kernel, or a routed binding: not the loop this pass replaces
     return mixer.kernel_reason() is None  # the CUDA kernel, on CUDA tensors, is not the loop
 
 

@@ -93,6 +93,11 @@ def bound(modeling: ModuleType, name: str) -> Any:
     return modeling.__dict__[name]
 
 
+def runs_pure_torch(mixer: Any) -> bool:
+    """Whether a mixer's prompt kernel call runs a pure-torch body now (no optimized kernel, no hub module bound)."""
+    return optimized(bound(modeling_of(mixer._module), type(mixer).CHUNK_FUNCTION)) is None
+
+
 def original(modeling: ModuleType, name: str) -> Any:
     """What ``modeling`` bound ``name`` to at import, whatever routing did since."""
     return modeling.__dict__.get(STASH, {}).get(name, modeling.__dict__[name])

@@ -61,7 +61,7 @@ from ...fast.buffers import empty_states
 from ..arguments import serve
 from ..call import Call, order_hint
 from ..gradients import recording
-from ..kernels import bound, modeling_of, optimized
+from ..kernels import bound, modeling_of, runs_pure_torch
 from .protocol import PerToken
 
 #: Tokens whose states `FromArguments.states_of` computes at once (its memory beyond the selection).
@@ -114,7 +114,7 @@ class FromArguments(PerToken):
     def _run_kernel(self, mixer: Any, call: Call, lo: int, hi: int, initial: Any, final: bool) -> Any:
         """The bound kernel (whatever it is) on tokens ``[lo, hi)`` of the call, from ``initial``."""
         cls = type(mixer)
-        if ONE_PASS and cls.FAST.ring and self._pure_torch(mixer) and not recording(initial):
+        if ONE_PASS and cls.FAST.ring and runs_pure_torch(mixer) and not recording(initial):
             arguments = piece(cls.FAST, call.strategy["named"], lo, hi, initial)
             if not any(recording(x) for x in arguments.values()):
                 # transformers' torch kernel is slower than this pass (a token loop, a chunk scan); two slots keep
@@ -165,7 +165,7 @@ class FromArguments(PerToken):
             return None
         if call.occurrences(f"{call.op.path}.input") > call.started:
             return None  # the kernel already runs (a value read earlier needed it)
-        if not self._pure_torch(mixer):
+        if not runs_pure_torch(mixer):
             return None  # an optimized kernel: its output is what the run must get, and it is faster than this pass
         with torch.no_grad():
             done = cls.FAST.one_pass(call.strategy["named"], out)
@@ -174,11 +174,6 @@ class FromArguments(PerToken):
         call.op.skip(done[0])
         call.strategy["served"] = True
         return done[1]
-
-    @staticmethod
-    def _pure_torch(mixer: Any) -> bool:
-        """Whether the mixer's prompt kernel call runs transformers' pure-torch body (no optimized kernel bound)."""
-        return optimized(bound(modeling_of(mixer._module), type(mixer).CHUNK_FUNCTION)) is None
 
     def state_after(self, mixer: Any, t: int) -> torch.Tensor:
         what = f"state_after({t})"
