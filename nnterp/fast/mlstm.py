@@ -20,11 +20,13 @@ Per token, from the gate pre-activations ``ĩ`` (input) and ``f̃`` (forget)::
 `mlstm_states` runs these equations token by token and stacks the packed
 states (differentiable, and with a ``tap`` the outputs too); without autograd
 `mlstm_states_into` writes every packed state into one preallocated buffer in
-place: the stabilizers ``m_t`` first (a loop over ``[batch, heads]`` numbers,
-the same float32 operations), then, ``C`` and ``n`` being one decayed rank-one
-update of ``[C | n]`` by ``(exp(ĩ_t - m_t) k_t) ⊗ [v_t, 1]``, `scan.step_states`
-into the buffer's ``[..., :value_dim + 1]`` slice. Equal to float32 rounding
-(the input gate multiplies ``k`` before the outer product, not after).
+place: the stabilizers ``m_t`` first (`stabilizers`: one ``cummax`` over the
+unrolled recurrence, not a loop), then, ``C`` and ``n`` being one decayed
+rank-one update of ``[C | n]`` by ``(exp(ĩ_t - m_t) k_t) ⊗ [v_t, 1]``,
+`scan.step_states` into the buffer's ``[..., :value_dim + 1]`` slice. Equal to
+float32 rounding (the input gate multiplies ``k`` before the outer product, not
+after). `mlstm_one_pass` also reads each state as it is written, the
+backend's output, so a call whose states are read need not run the backend.
 
 Pure torch: this file knows nothing of nnsight or of the components.
 """
@@ -36,7 +38,7 @@ import torch.nn.functional as F
 
 from .buffers import empty_states
 from .effective import EffectiveSpec, Selection, indices
-from .scan import differentiable, step_states
+from .scan import READ_BYTES, differentiable, step_states
 
 
 def pack(c: torch.Tensor, n: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -112,6 +114,52 @@ def mlstm_states(
     return (states, torch.stack(hs, dim=1)) if tap is not None else states
 
 
+def stabilizers(log_f: torch.Tensor, igate: torch.Tensor, m0: torch.Tensor) -> torch.Tensor:
+    """Every token's stabilizer ``m_t``, float32, from ``log σ(f̃)`` and ``ĩ`` ``[..., seq, 1]`` and the entering ``m0`` ``[..., 1]``.
+
+    ``m_t = max(log σ(f̃_t) + m_{t-1}, ĩ_t)`` unrolled is ``F_t + max(m0,
+    max_{s≤t} ĩ_s - F_s)`` with ``F`` the cumulated log forget gate: one
+    ``cummax`` instead of a loop over tokens. Summed in float64 (``F_t`` and
+    ``ĩ_s - F_s`` are long prefix sums whose difference is kept), then rounded:
+    equal to the loop's float32 ``m`` to rounding, not bit for bit. Any ``m``
+    serves: ``C`` and ``n`` are scaled by the same ``exp(-m)`` they are written with.
+    """
+    total = log_f.double().cumsum(-2)
+    peak = torch.cummax(igate.double() - total, dim=-2).values
+    return (total + torch.maximum(peak, m0.double()[..., None, :])).float()
+
+
+def _write(k, v, igate, fgate, initial, out, first, q=None):
+    """Every packed state into ``out[:, first:first + seq]``; with ``q``, also ``(q̂ᵀ[C | n] [b, h, seq, v + 1], m [b, h, seq, 1])``."""
+    batch, seq, heads, key_dim = k.shape
+    value_dim = v.shape[-1]
+    if initial is None:
+        start = k.new_zeros((batch, heads, key_dim, value_dim + 1), dtype=torch.float32)
+        m0 = k.new_zeros((batch, heads, 1), dtype=torch.float32)
+    else:
+        start, m0 = initial[..., :-1].float(), initial[..., 0, -1:].float()
+    log_f = F.logsigmoid(fgate.float()).transpose(1, 2)[..., None]  # [b, h, seq, 1]
+    i = igate.float().transpose(1, 2)[..., None]
+    m = stabilizers(log_f, i, m0)
+    previous = torch.cat([m0[:, :, None], m[:, :, :-1]], dim=2)
+    decay = log_f + previous - m  # log of the forget activation, ≤ 0 (to rounding)
+    writes = torch.exp(i - m) * k.float().transpose(1, 2)  # exp(ĩ_t - m_t) k_t, [b, h, seq, key_dim]
+    values = torch.cat([v.float(), v.new_ones((batch, seq, heads, 1), dtype=torch.float32)], dim=-1).transpose(1, 2)
+    window = out[:, first : first + seq]
+    columns = m.squeeze(-1).transpose(1, 2)[..., None]  # m, repeated along the key axis
+    read = None if q is None else (q.float() * key_dim**-0.5).transpose(1, 2)
+    readouts = []
+    # Block by block, each block's m column written while its states are still in cache (a pass of its own otherwise).
+    block = max(1, READ_BYTES // (heads * key_dim * (value_dim + 2) * 4 * batch))
+    for lo in range(0, seq, block):
+        hi = min(seq, lo + block)
+        part = None if read is None else read[:, :, lo:hi]
+        readouts.append(step_states(window[..., :-1], lo, start, decay[:, :, lo:hi], writes[:, :, lo:hi], values[:, :, lo:hi], part, True))
+        window[:, lo:hi, ..., -1] = columns[:, lo:hi]
+        start = window[:, hi - 1, ..., :-1]
+    return (torch.cat(readouts, dim=2) if read is not None else None), m
+
+
 def mlstm_states_into(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -130,30 +178,36 @@ def mlstm_states_into(
     break it (use `mlstm_states` there).
     """
     batch, seq, heads, key_dim = k.shape
-    value_dim = v.shape[-1]
     if differentiable(k, v, igate, fgate, initial):
         raise ValueError("mlstm_states_into writes in place: under autograd use mlstm_states")
     if out is None:
-        out, first = empty_states((batch, seq, heads, key_dim, value_dim + 2), k.device), 0
-    if initial is None:
-        start = k.new_zeros((batch, heads, key_dim, value_dim + 1), dtype=torch.float32)
-        m = k.new_zeros((batch, heads, 1), dtype=torch.float32)
-    else:
-        start, m = initial[..., :-1].float(), initial[..., 0, -1:].float()
-    log_f = F.logsigmoid(fgate.float()).transpose(1, 2)[..., None]  # [b, h, seq, 1]
-    i = igate.float().transpose(1, 2)[..., None]
-    stabilizers = log_f.new_empty((batch, heads, seq + 1, 1))  # m_{t-1} at t, m_t at t + 1
-    stabilizers[:, :, 0] = m
-    for forget, gate, slot in zip(log_f.unbind(2), i.unbind(2), stabilizers[:, :, 1:].unbind(2)):
-        m = torch.maximum(forget + m, gate, out=slot)
-    previous, stabilizers = stabilizers[:, :, :-1], stabilizers[:, :, 1:]
-    decay = log_f + previous - stabilizers  # log of the forget activation, ≤ 0
-    writes = torch.exp(i - stabilizers) * k.float().transpose(1, 2)  # exp(ĩ_t - m_t) k_t, [b, h, seq, key_dim]
-    values = torch.cat([v.float(), v.new_ones((batch, seq, heads, 1), dtype=torch.float32)], dim=-1).transpose(1, 2)
-    window = out[:, first : first + seq]
-    window[..., -1] = stabilizers.squeeze(-1).transpose(1, 2)[..., None]  # m, repeated along the key axis
-    step_states(window[..., :-1], 0, start, decay, writes, values)
+        out, first = empty_states((batch, seq, heads, key_dim, v.shape[-1] + 2), k.device), 0
+    _write(k, v, igate, fgate, initial, out, first)
     return out
+
+
+def mlstm_one_pass(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    igate: torch.Tensor,
+    fgate: torch.Tensor,
+    initial: torch.Tensor | None,
+    out: torch.Tensor,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """`mlstm_states_into` (``first`` 0) that also reads every state: the backend's return, computed alongside.
+
+    ``h_t = C_tᵀ q̂_t / (max(|n_tᵀ q̂_t|, exp(-m_t)) + eps)``, read while the
+    state is in cache. Returns ``(h [batch, heads, seq, value_dim], (C [batch,
+    heads, key_dim, value_dim], n [batch, heads, key_dim], m [batch, heads,
+    1]))``, heads first as transformers' backend returns them; float32, no autograd.
+    """
+    if differentiable(q, k, v, igate, fgate, initial):
+        raise ValueError("mlstm_one_pass writes in place: under autograd use mlstm_states")
+    read, m = _write(k, v, igate, fgate, initial, out, 0, q)
+    h = read[..., :-1] / (torch.maximum(read[..., -1:].abs(), torch.exp(-m)) + eps)
+    return h, unpack(out[:, k.shape[1] - 1])
 
 
 def mlstm_attention(

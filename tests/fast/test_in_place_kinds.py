@@ -1,4 +1,4 @@
-"""Lightning attention's and the mLSTM's in-place state writers (`lightning_states`, `mlstm_states_into`).
+"""Lightning attention's and the mLSTM's in-place state writers (`lightning_states`, `mlstm_states_into`, `mlstm_one_pass`).
 
 Without autograd, ``linear_attn.states`` of both kinds is written token by token into one
 preallocated buffer; these check the writers against the papers' recurrences
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nnterp.fast.lightning import lightning_scan, lightning_states
-from nnterp.fast.mlstm import mlstm_states, mlstm_states_into, unpack
+from nnterp.fast.mlstm import mlstm_one_pass, mlstm_states, mlstm_states_into, stabilizers, unpack
 from tests.reference.lightning import lightning_recurrence
 from tests.reference.mlstm import mlstm
 
@@ -54,8 +54,36 @@ def test_mlstm_states_into_is_the_papers_recurrence(start):
         torch.testing.assert_close(part.double(), want, rtol=1e-4, atol=1e-6, msg=name)
     loop = mlstm_states(k, k, v, i, f, initial)
     torch.testing.assert_close(got, loop, atol=1e-5, rtol=1e-5)
-    assert torch.equal(got[..., -1], loop[..., -1]), "the stabilizers are the loop's operations, bit for bit"
+    torch.testing.assert_close(got[..., -1], loop[..., -1], atol=1e-6, rtol=1e-6, msg="the stabilizers are the loop's")
     assert torch.equal(got[..., -1], got[..., :1, -1].expand_as(got[..., -1])), "m repeated along the key axis"
+
+
+@pytest.mark.parametrize("start", [False, True])
+def test_mlstm_one_pass_reads_the_papers_outputs_and_writes_the_same_states(start):
+    q, k, v, i, f = inputs(3)
+    initial = mlstm_states(k, k, v, i, f)[:, 7].clone() if start else None
+    out = torch.full((B, T, H, K, V + 2), float("nan"))
+    h, final = mlstm_one_pass(q, k, v, i, f, initial, out, eps=1e-6)
+    want_h, c, n, m = mlstm(q, k, v, i, f, unpack(initial) if start else None)
+    assert h.shape == (B, H, T, V), "heads first, as the backend returns it"
+    torch.testing.assert_close(h.transpose(1, 2).double(), want_h, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out, mlstm_states_into(k, v, i, f, initial), rtol=0, atol=0)
+    for name, part, want in zip("Cnm", final, (c[:, -1], n[:, -1], m[:, -1, :, None])):
+        torch.testing.assert_close(part.double(), want, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_stabilizers_of_a_long_decaying_run_keep_their_precision():
+    # Over 4096 tokens the cumulated log forget gate reaches about -3000: the unrolled form subtracts two such sums.
+    g = torch.Generator().manual_seed(4)
+    log_f = torch.nn.functional.logsigmoid(torch.randn(1, 2, 4096, 1, generator=g) - 0.5)
+    i = 3 * torch.randn(1, 2, 4096, 1, generator=g)
+    m0 = torch.tensor([[[5.0], [-1.0]]])
+    want, m = [], m0.double()
+    for t in range(4096):
+        m = torch.maximum(log_f[:, :, t].double() + m, i[:, :, t].double())
+        want.append(m)
+    torch.testing.assert_close(stabilizers(log_f, i, m0), torch.stack(want, dim=2).float(), rtol=1e-6, atol=1e-6)
+    assert log_f.sum() < -2000
 
 
 def test_mlstm_states_into_writes_a_window():
