@@ -79,6 +79,7 @@ from ..recurrent.gradients import fill, graft, recording, tap
 from ..recurrent.kernels import needs_torch_kernels
 from ..recurrent.labels import call_label
 from ..recurrent.per_token.from_arguments import covers_the_batch
+from . import mlstm_one_pass
 from .recurrent import RecurrentMixer, kernel, kernel_argument
 
 Keys = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {KEY_DIM}"]
@@ -298,7 +299,8 @@ class MLSTM(RecurrentMixer):
         call = self._split("states")
         if not call.writes and recording(self._serve("k")) and kernel_waiting(self):
             return self._tapped_states(call)
-        out = self._all_computed(call)
+        out = mlstm_one_pass.states(self, call)
+        out = self._all_computed(call) if out is None else out
         for t, value in call.writes.items():
             out[:, t] = value
         call.states_read = True
@@ -348,7 +350,8 @@ class MLSTM(RecurrentMixer):
         if position in call.writes:
             return call.writes[position]
         lo, hi, initial = self._segments(call, position + 1)[-1]
-        value = self._all_computed(call, position + 1, lo)[:, -1].clone()
+        served = mlstm_one_pass.served(call)  # the states the one pass wrote (see `states`), or None
+        value = (served[:, position] if served is not None else self._all_computed(call, position + 1, lo)[:, -1]).clone()
         call.advance(position, what)
         call.strategy["read"][position] = value
         return value
