@@ -19,7 +19,9 @@ operations (found in the installed release's source by name, as
 `nnterp.recurrent.labels` does), and serves the state after every token the
 ``FromArguments`` way, computed from the call's own ``q``, ``k``, ``v`` and
 decay by `nnterp.fast.lightning` with the same operations as the decode
-branch.
+branch. Where a prompt's states are read before its block loop, without
+autograd, in float32 and on one invoke, the loop's products are skipped and
+the outputs computed with the states (`lightning_one_pass`).
 
 Values, in the order the forward makes them (``seq`` is this call's tokens):
 
@@ -88,6 +90,7 @@ from ..core.values import DerivedEProperty, check_expected, module_output
 from ..fast.lightning import lightning_attention, lightning_tap_readout
 from ..recurrent.call import order_hint
 from ..recurrent.gradients import fill, recording, tap
+from . import lightning_one_pass
 from . import lightning_run as calls
 from .effective_attention import EffectiveAttention
 from .gradient_support import gradient_reasons
@@ -258,8 +261,10 @@ class LightningAttention(Standard):
     def _states(self) -> torch.Tensor:
         run = self._run()
         tapped = recording(run.q) and not run.writes and not run.decays_written and not self._passed(run, "cat", run.first["cat"])
-        with torch.no_grad() if tapped else nullcontext():  # a tap's values are detached: the same as without autograd
-            out = calls.computed_states(self, run)
+        out = None if tapped else lightning_one_pass.states(self, run)  # the block loop skipped, where it applies
+        if out is None:
+            with torch.no_grad() if tapped else nullcontext():  # a tap's values are detached: as without autograd
+                out = calls.computed_states(self, run)
         for t, value in run.writes.items():
             out[:, t] = value
         if not run.writes and not run.decays_written:

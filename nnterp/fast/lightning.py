@@ -15,7 +15,8 @@ outputs) into one preallocated float32 buffer in place (`scan.step_states`:
 one multiply into the token's slot, one ``addcmul_``), for reads without
 autograd: the same recurrence to float32 rounding (an ``addcmul_`` may round
 as one fused multiply-add where ``ratio * S + kᵀv`` rounds twice), not bit for
-bit. Layouts are tokens first: ``q``, ``k`` ``[batch, seq, heads,
+bit; `lightning_one_pass` also reads each state with its query, the outputs of
+a prompt computed with its states. Layouts are tokens first: ``q``, ``k`` ``[batch, seq, heads,
 key_dim]``, ``v`` ``[batch, seq, heads, value_dim]``, ``g`` ``[batch, seq,
 heads]``; a state ``[batch, heads, key_dim, value_dim]`` in the inputs' dtype.
 """
@@ -70,6 +71,21 @@ def lightning_states(
     start = k.new_zeros((batch, heads, key_dim, v.shape[-1]), dtype=torch.float32) if initial is None else initial.float()
     step_states(out, first, start, g.float().transpose(1, 2)[..., None], k.float().transpose(1, 2), v.float().transpose(1, 2))
     return out
+
+
+def lightning_one_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """`lightning_states` from a zero state (``first`` 0) that also reads every state: ``o_t = q_t S_t``.
+
+    Returns the outputs ``[batch, heads, seq, value_dim]`` (heads first, as the
+    forward holds them), float32, each block of states read by its queries while
+    still in cache (`scan.step_states` with ``read``); no autograd.
+    """
+    if differentiable(q, k, v, g):
+        raise ValueError("lightning_one_pass writes in place: under autograd use lightning_scan(keep=True)")
+    batch, _, heads, key_dim = k.shape
+    start = k.new_zeros((batch, heads, key_dim, v.shape[-1]), dtype=torch.float32)
+    queries, keys, values = (x.float().transpose(1, 2) for x in (q, k, v))
+    return step_states(out, 0, start, g.float().transpose(1, 2)[..., None], keys, values, read=queries, read_rows=True)
 
 
 def lightning_attention(

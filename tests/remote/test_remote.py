@@ -173,6 +173,14 @@ def test_fast_states_run_remotely(kind, models, sent):
         assert_same(per_token_write(remote, layer, True), per_token_write(local, layer, False))
 
 
+@pytest.mark.parametrize("kind", [kind for kind in RECURRENT if kind not in FAST])
+def test_own_states_run_remotely(kind, models, sent):
+    # The kinds whose states need no setting (their own strategies, one passes included) ship with the request.
+    local, remote = models(kind)
+    layer = mixer_layer(local)
+    assert_same(per_token(remote, layer, True), per_token(local, layer, False))
+
+
 def selected_states(model: StandardizedTransformer, remote: bool) -> dict:
     with model.trace(PROMPT, remote=remote):  # gradient mode as on a server (see per_token)
         chosen = model.states_of(positions=[3, -1]).save()  # a saved dict comes back with its tensors
