@@ -20,6 +20,10 @@ import torch
 
 import nnterp
 from nnterp import StandardizedTransformer, fast_states
+from nnterp.components import lightning_one_pass, mlstm_one_pass, wkv_one_pass
+from nnterp.components.lightning_attention import LightningAttention
+from nnterp.components.mlstm import MLSTM
+from nnterp.components.wkv import WKV
 from nnterp.core.errors import NnterpError
 from nnterp.fast import empty_cache
 from nnterp.recurrent.per_token import from_arguments
@@ -31,6 +35,9 @@ from .timing import Method
 GENERATE = 32
 #: The fast path measured both ways (issue 17: keep the faster): `states, fast path` is the default, one pass.
 TWO_PASSES = "fast path with one_pass off: the kernel, then a states pass"
+#: The same, on the own strategies with a one pass (its switch per component).
+OWN_TWO_PASSES = "own strategy with one_pass off: the forward's own recurrence, then a states pass"
+OWN_ONE_PASSES = {LightningAttention: lightning_one_pass, MLSTM: mlstm_one_pass, WKV: wkv_one_pass}
 
 
 def build(name: str, config: Any, cache_dir: Path) -> Path:
@@ -105,6 +112,7 @@ class Paths:
         self.stack = ExitStack()
         self.has_fast = any(getattr(type(mix), "FAST", None) is not None for mix in mixers(model))
         self.own = not self.has_fast and all(_states_value(mix).reason(mix) is None for mix in mixers(model))
+        self.one_pass = next((switch for kind, switch in OWN_ONE_PASSES.items() if any(isinstance(mix, kind) for mix in mixers(model))), None)
 
     def routed(self) -> None:
         self.stack.close()
@@ -124,6 +132,12 @@ class Paths:
         self.fast()
         from_arguments.ONE_PASS = False
         self.stack.callback(setattr, from_arguments, "ONE_PASS", True)
+
+    def own_two_passes(self) -> None:
+        """The own strategy with its one pass off: the forward computes its recurrence, then the states a second pass."""
+        self.default()
+        self.one_pass.ONE_PASS = False
+        self.stack.callback(setattr, self.one_pass, "ONE_PASS", True)
 
     def default(self) -> None:
         self.stack.close()
@@ -193,7 +207,10 @@ def methods(plain: Any, model: Any, ids: torch.Tensor, values: list, paths: Path
             Method("set_state_after(mid), routed", write, reps=slow_reps, setup=paths.routed, teardown=paths.default),
         ]
     if paths.own:
-        found += [Method("states, own strategy", read("states")), Method("set_state_after(mid), own strategy", write)]
+        found += [Method("states, own strategy", read("states"))]
+        if paths.one_pass is not None:
+            found += [Method(OWN_TWO_PASSES, read("states"), setup=paths.own_two_passes, teardown=paths.default)]
+        found += [Method("set_state_after(mid), own strategy", write)]
     if paths.has_fast:
         captured = arguments(model, ids, paths)
 

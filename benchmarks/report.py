@@ -45,16 +45,16 @@ WHY = {
     "own_states": (
         "These kinds have no fast path (`nnterp.fast_states` refuses them; each family's notes quote it): their states "
         "are what the kind's own strategy costs beyond the forward (each family's notes say which). Lightning attention "
-        "and the mLSTM write every state in place, one multiply and one rank-one update per token into a buffer reused "
-        "across reads, as the fast path does (the mLSTM also steps its stabilizer and writes its `m` column); RWKV-4 "
-        "runs the kernel's own loop once, writing every state, and skips the kernel call. Measured alone on this "
-        "machine (2026-12-01), lightning attention's states at 2048 tokens cost 1.11x (3 GiB of states; the [min, max] "
-        "shows how far a repeat moves here), the mLSTM's 1.17x at 512 and 1.25x at 2048. What remains is writing the "
-        "states: these forwards compute their recurrence inline or through a backend with no per-token output to "
-        "replace, so the states are a second pass over memory of their size (the mLSTM's packed state adds its `m` "
-        "column, written as a pass of its own). What would reach it: a one pass replacing the forward's own recurrence "
-        "(as for the delta rules, Mamba and RWKV), a fused kernel writing each state once, bfloat16 states, or reading "
-        "the layers and positions needed (`model.states_of(positions, layers)`)."
+        "and the mLSTM compute the outputs with the states in one pass and skip the forward's own recurrence (the block "
+        "loop's products; the backend call), as RWKV-4 skips its kernel's loop; the row with one_pass off shows the "
+        "forward's recurrence followed by a states pass. What remains is writing every state: one multiply and one "
+        "rank-one update per token into a buffer reused across reads, each block of states read by its queries while "
+        "still in cache. On this CPU a write to the buffer first reads the cache line it replaces, so writing the "
+        "states costs about twice merely filling the buffer: for lightning attention's 3 GiB at 2048 tokens (512 KiB "
+        "per token and layer) about 0.07 of this forward by itself, so the kind sits at the target's edge and a "
+        "repeat's noise decides the side (the [min, max] shows how far a repeat moves). What would reach it: a fused "
+        "kernel writing each state once with streaming stores (a GPU kernel), bfloat16 states, or reading the layers "
+        "and positions needed (`model.states_of(positions, layers)`: cost and memory follow the selection)."
     ),
     "skipped": "Not measured in this run: the length was skipped (the family's notes say why); rerun with a larger `--max-forward-s`.",
     "tl": "TransformerLens replays the scan token by token from its activation cache; the fast path should be ahead at every length.",
