@@ -51,8 +51,9 @@ WHY = {
         "rank-one update per token into a buffer reused across reads, each block of states read by its queries while "
         "still in cache. On this CPU a write to the buffer first reads the cache line it replaces, so writing the "
         "states costs about twice merely filling the buffer: for lightning attention's 3 GiB at 2048 tokens (512 KiB "
-        "per token and layer) about 0.07 of this forward by itself, so the kind sits at the target's edge and a "
-        "repeat's noise decides the side (the [min, max] shows how far a repeat moves). What would reach it: a fused "
+        "per token and layer) about 0.07 of this forward by itself. So these kinds sit at the target's edge (the "
+        "mLSTM's and lightning attention's rows have moved between 1.07 and 1.14 from run to run on this machine) and "
+        "a repeat's noise decides the side (the [min, max] shows how far a repeat moves). What would reach it: a fused "
         "kernel writing each state once with streaming stores (a GPU kernel), bfloat16 states, or reading the layers "
         "and positions needed (`model.states_of(positions, layers)`: cost and memory follow the selection)."
     ),
@@ -65,11 +66,12 @@ WHY = {
         "(4.10 in the previous run, 4.26 in this one): memory, not a quadratic term."
     ),
     "generate": (
-        "Not the state read itself: nnterp decides the kernel of every mixer call from the call's inputs, and "
-        "`nnterp.recurrent.kernels.signature_binding` re-derives the forward's signature on every call "
-        "(`decorator_chain` re-reads and tokenizes the forward's source: about half of the run's time under a profiler). "
-        "Memoizing that signature per forward (a two-line `functools.lru_cache`) measured, in one process on this "
-        "machine, 1.28x -> 1.12x (gated DeltaNet), 2.05x -> 1.18x (Mamba-1) and 1.76x -> 1.17x (Mamba-2)."
+        "Not the state read itself: reading any value of a mixer's call makes nnsight run an instrumented copy of the "
+        "mixer's forward, whose every operation (about fifty per Mamba-2 decode step and layer) passes through "
+        "nnsight's hook dispatch, and nnterp keeps a record of each call; on a 32-token decode of this small model "
+        "(about 12 ms a step) that is about a tenth of the step, and the row with nothing read shows nnsight's own "
+        "share. What would reach it: serving a decode step's `state_output` from the module's output and the cache, "
+        "without instrumenting the forward."
     ),
 }
 
