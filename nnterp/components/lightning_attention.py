@@ -106,8 +106,6 @@ NO_CONV = "lightning attention has no short convolution, so no convolution windo
 _NO_CACHE = "this call runs without a cache, so the forward reads no entering state: run it with use_cache=True"
 
 
-
-
 def _index(selection: Any, size: int) -> Any:
     """``selection`` as an index keeping its axis: all, a slice, or a list of (non-negative) indices."""
     if selection is None:
@@ -117,7 +115,6 @@ def _index(selection: Any, size: int) -> Any:
     if isinstance(selection, int):
         selection = [selection]
     return torch.as_tensor(list(selection) if isinstance(selection, range) else selection, dtype=torch.long) % size
-
 
 
 class LightningAttention(Standard):
