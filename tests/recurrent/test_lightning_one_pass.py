@@ -11,15 +11,13 @@ are checked to run it and to give the same answers.
 
 from __future__ import annotations
 
-import sys
-from contextlib import contextmanager
-
 import pytest
 import torch
 
 from nnterp.components import lightning_one_pass
 from nnterp.core.errors import OrderError
 from tests.reference import hf_oracles as hf
+from tests.reference.calls import counting_builtin
 from tests.reference.lightning import lightning_recurrence
 from tests.suites.checkpoint import PROMPT, CheckpointFixtures
 from tests.suites.lightning import ATOL, KW, greedy, lightning_layers, prefix_states
@@ -27,32 +25,10 @@ from tests.suites.lightning import ATOL, KW, greedy, lightning_layers, prefix_st
 TOL = {"atol": ATOL, "rtol": 1e-4}
 
 
-@contextmanager
 def products(plain):
     """Counts the ``torch.matmul`` calls made under a frame of the HF lightning mixer's ``forward``: ``len(calls)``."""
     mixer = type(plain.model.layers[0].self_attn)
-    calls: list = []
-
-    def inside(frame) -> bool:
-        # nnsight runs an instrumented copy of the forward, whose operations call through a wrapper or two.
-        for _ in range(8):
-            if frame is None:
-                return False
-            if frame.f_code.co_name == "forward" and isinstance(frame.f_locals.get("self"), mixer):
-                return True
-            frame = frame.f_back
-        return False
-
-    def hook(frame, event, arg):
-        if event == "c_call" and arg is torch.matmul and inside(frame):
-            calls.append(1)
-
-    previous = sys.getprofile()
-    sys.setprofile(hook)
-    try:
-        yield calls
-    finally:
-        sys.setprofile(previous)
+    return counting_builtin(torch.matmul, lambda frame: frame.f_code.co_name == "forward" and isinstance(frame.f_locals.get("self"), mixer))
 
 
 def blocks(model, ids) -> int:
