@@ -69,11 +69,12 @@ WHY = {
         "Not the state read itself. Reading a value inside a mixer's forward makes nnsight run an instrumented copy "
         "of that forward and stop at the operation read. Measured alone on this machine (2026-12-01, Mamba-2, 32 "
         "steps, every layer every step): one source operation's output cost 1.05-1.10x plain `generate`, the "
-        "kernel call's output 1.09x, and `state_output` (which also reads the kernel's arguments and keeps a record "
-        "of each call) 1.17-1.21x, against 1.02-1.06x with nothing read. On a decode step of this small model "
-        "(about 12 ms) these fixed costs per call are a visible share, and the run-to-run spread is about 0.05. "
-        "What would reach it: serving a decode step's `state_output` from the module's output and the cache, "
-        "without a stop inside the forward."
+        "kernel call's output 1.09x, and `state_output` 1.17-1.21x, against 1.02-1.06x with nothing read. "
+        "`state_output` stops three times per call where the kernel's output alone stops once: at the mixer's "
+        "input (to choose the kernel the call runs), at the kernel's arguments (the call's record) and at its "
+        "output. On a decode step of this small model (about 12 ms) these fixed costs per call are a visible share, "
+        "and the run-to-run spread is about 0.05. What would reach it: a record that stops once, at the kernel's "
+        "output, when nothing but the final state is read."
     ),
 }
 
