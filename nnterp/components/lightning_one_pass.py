@@ -84,8 +84,8 @@ def states(mixer: Any, run: calls.Run) -> torch.Tensor | None:
     # Each product and the loop's state binding occur once per block of every earlier prompt, so before this call's
     # loop starts they have all occurred as often as the state binding had when the call's record was made.
     start = run.first["block_state"]
-    if any(med.occurrence(f"{op.path}.output") != start for op in ops.values()) or calls.passed(mixer, run, "block_state", start):
-        return None  # the loop has started (a value inside it was read first)
+    if any(med.occurrence(f"{op.path}.output") != start for op in ops.values()):
+        return None  # the loop has started (a value inside it, or after it, was read first)
     out = empty_states((run.q.shape[0], run.seq, *mixer._state_shape(run)[1:]), run.q.device)
     with torch.no_grad():
         outputs = lightning_one_pass(run.q, run.k, run.v, run.g, out)
@@ -93,13 +93,13 @@ def states(mixer: Any, run: calls.Run) -> torch.Tensor | None:
     size = mixer._module.block_size
     blocks = -(-run.seq // size)
     for block in range(blocks):
-        values = {"attn_output_intra": outputs[:, :, block * size : (block + 1) * size].to(run.q.dtype)}
+        values = {"attn_output_intra": outputs[:, :, block * size : (block + 1) * size]}  # float32, as `in_place` asks
         for variable in PRODUCTS:
             with pinned(start + block):
                 ops[variable].skip(values.get(variable, zero))
     # The loop's state ends as its zero writes leave it: the state it returns (and the cache holds) is the pass's last.
     run.final = out[:, -1].clone()
-    with pinned(run.first["block_state"] + blocks - 1):
+    with pinned(start + blocks - 1):
         Mediator.swap(mixer._at("block_state"), run.final)
     return out
 

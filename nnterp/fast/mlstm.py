@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from .buffers import empty_states
 from .effective import EffectiveSpec, Selection, indices
-from .scan import READ_BYTES, differentiable, step_states
+from .scan import differentiable, read_block, step_states
 
 
 def pack(c: torch.Tensor, n: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -150,7 +150,7 @@ def _write(k, v, igate, fgate, initial, out, first, q=None):
     read = None if q is None else (q.float() * key_dim**-0.5).transpose(1, 2)
     readouts = []
     # Block by block, each block's m column written while its states are still in cache (a pass of its own otherwise).
-    block = max(1, READ_BYTES // (heads * key_dim * (value_dim + 2) * 4 * batch))
+    block = read_block(window[:, 0].numel())
     for lo in range(0, seq, block):
         hi = min(seq, lo + block)
         part = None if read is None else read[:, :, lo:hi]

@@ -90,7 +90,7 @@ def step_states(
     slots = out.unbind(1) if ring else out[:, first:first + n].unbind(1)
     decays, rows, cols = decay.unbind(2), a[..., None].unbind(2), b[..., None, :].unbind(2)
     # A ring keeps too few states to read a block of them: there each state is read as it is written.
-    block = 1 if ring or read is None else max(1, READ_BYTES // (slots[0][0].numel() * 4))
+    block = 1 if ring or read is None else read_block(slots[0].numel())
     for lo in range(0, n, block):
         hi = min(n, lo + block)
         for t in range(lo, hi):
@@ -101,6 +101,11 @@ def step_states(
         if read is not None:
             _read(out, first, lo, hi, previous if ring else None, read, readout, read_rows)
     return readout
+
+
+def read_block(numel: int) -> int:
+    """Tokens read out at once (`READ_BYTES` of float32 states), for states of ``numel`` elements per token."""
+    return max(1, READ_BYTES // (numel * 4))
 
 
 def _read(out, first, lo, hi, state, read, readout, read_rows) -> None:
