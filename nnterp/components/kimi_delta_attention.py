@@ -33,7 +33,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..core.dims import BATCH, KEY_DIM, MIXER_HEADS, SEQ
-from ..fast.effective import KIMI_DELTA_ATTENTION
+from ..fast.effective_delta import KIMI_DELTA_ATTENTION
 from ..fast.specs import KIMI_DELTA
 from .linear_attention import LinearAttention
 from .recurrent import kernel_argument

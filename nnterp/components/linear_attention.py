@@ -53,7 +53,7 @@ from nnsight.intervention.source import compiled
 from ..core.calls import pinned
 from ..core.dims import Gates, Queries, State, Values
 from ..core.errors import NnterpError
-from ..fast.effective import GATED_DELTA_ATTENTION
+from ..fast.effective_delta import GATED_DELTA_ATTENTION
 from ..fast.specs import GATED_DELTA
 from ..recurrent.arguments import SAME
 from ..recurrent.call import Call

@@ -60,7 +60,7 @@ from ..core.calls import mediator, pinned
 from ..core.dims import BATCH, CHANNELS, SEQ, STATE_SIZE
 from ..core.errors import NnterpError
 from ..core.values import DerivedEProperty
-from ..fast.effective import SCAN_ATTENTION
+from ..fast.effective_scan import SCAN_ATTENTION
 from ..fast.specs import SCAN
 from ..recurrent.arguments import (
     CHANNELS_FIRST,

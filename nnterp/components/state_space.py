@@ -58,7 +58,7 @@ from torch import Tensor
 
 from ..core.dims import BATCH, HEAD_DIM, KEY_HEADS, MIXER_HEADS, SEQ, STATE_SIZE, Gates
 from ..core.values import DerivedEProperty, check_tensor
-from ..fast.effective import SSD_ATTENTION
+from ..fast.effective_scan import SSD_ATTENTION
 from ..fast.specs import SSD
 from ..recurrent.arguments import (
     ONE_TOKEN,

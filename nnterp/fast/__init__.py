@@ -32,17 +32,9 @@ the call itself can be skipped):
 
 from .buffers import cached_bytes, empty_cache, empty_states
 from .delta import gated_delta_states, kimi_delta_states
-from .effective import (
-    GATED_DELTA_ATTENTION,
-    KIMI_DELTA_ATTENTION,
-    SCAN_ATTENTION,
-    SSD_ATTENTION,
-    EffectiveSpec,
-    gated_delta_attention,
-    kimi_delta_attention,
-    selective_scan_attention,
-    ssd_attention,
-)
+from .effective import EffectiveSpec
+from .effective_delta import GATED_DELTA_ATTENTION, KIMI_DELTA_ATTENTION, gated_delta_attention, kimi_delta_attention
+from .effective_scan import SCAN_ATTENTION, SSD_ATTENTION, selective_scan_attention, ssd_attention
 from .selective import selective_scan_output, selective_scan_readout, selective_scan_states
 from .specs import GATED_DELTA, KIMI_DELTA, SCAN, SSD, FastSpec
 from .ssd import ssd_states

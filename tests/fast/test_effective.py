@@ -1,4 +1,4 @@
-"""`nnterp.fast.effective`: the exact effective attention against the token loops and transformers' kernels.
+"""`nnterp.fast.effective` (`effective_delta`, `effective_scan`): the exact effective attention against the token loops and transformers' kernels.
 
 Oracle: ``Σ_s A[t, s] v_s + readout_t`` equals the output of the papers'
 token loops (``tests/reference/recurrences.py``) and of transformers' own
@@ -18,7 +18,7 @@ import transformers.models.mamba.modeling_mamba as mamba_modeling
 import transformers.models.mamba2.modeling_mamba2 as mamba2_modeling
 import transformers.models.qwen3_5.modeling_qwen3_5 as qwen_modeling
 
-import nnterp.fast.effective as effective
+import nnterp.fast.effective_scan as effective_scan
 from nnterp.fast import gated_delta_attention, kimi_delta_attention, selective_scan_attention, ssd_attention
 from nnterp.recurrent.kernels import torch_function
 from tests.fast.test_fast_states import delta_inputs
@@ -181,7 +181,7 @@ def test_a_scan_selection_is_the_same_numbers_in_bounded_blocks(monkeypatch):
     a = scan_inputs(150)["mamba"]
     args = (a["dt"], a["A"], a["B"], a["C"], a["D"], a["z"], a["dt_bias"], True, a["state"])
     A, readout = selective_scan_attention(*args)
-    monkeypatch.setattr(effective, "BLOCK_ELEMENTS", 1)  # one channel at a time
+    monkeypatch.setattr(effective_scan, "BLOCK_ELEMENTS", 1)  # one channel at a time
     part, part_readout = selective_scan_attention(*args, positions=[149, 0, 64], channels=[6, 2])
     torch.testing.assert_close(part, A[:, [6, 2]][:, :, [149, 0, 64]], rtol=0, atol=1e-6)
     torch.testing.assert_close(part_readout, readout[:, [149, 0, 64]][:, :, [6, 2]], rtol=0, atol=1e-6)
