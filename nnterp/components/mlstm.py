@@ -369,5 +369,3 @@ class MLSTM(RecurrentMixer):
     # -- a write splits the backend call (mlstm_split.py) -----------------------------------
 
     set_state_after = split.set_state_after
-    _split_result = split.split_result
-    _run_backend = split.run_backend

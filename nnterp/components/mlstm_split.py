@@ -52,7 +52,7 @@ def set_state_after(self, t: int, value: torch.Tensor) -> None:
     if read is not None and position not in call.writes and not recording(value) and torch.equal(value, read):
         return  # the call already continues from this very state (a target under autograd is still read, for .grad)
     call.writes[position] = value
-    result = self._split_result(call)
+    result = split_result(self, call)
     if not call.strategy["served"] and covers_the_batch():
         call.op.skip(result)
     else:
@@ -66,7 +66,7 @@ def set_state_after(self, t: int, value: torch.Tensor) -> None:
 
 def split_result(self, call: Call) -> tuple:
     """The call's return with its writes: every part's output, concatenated, and the last part's final state."""
-    pieces = [self._run_backend(call, lo, hi, initial) for lo, hi, initial in self._segments(call)]
+    pieces = [run_backend(self, call, lo, hi, initial) for lo, hi, initial in self._segments(call)]
     final = pieces[-1][1]
     if call.seq - 1 in call.writes:
         final = unpack(call.writes[call.seq - 1])
