@@ -95,13 +95,15 @@ def _resolve(model: str) -> str:
 
 
 def _load(model: str, *, weights: bool, device: str = "cpu") -> Any:
-    from . import StandardizedTransformer
+    from . import NnterpError, StandardizedTransformer
 
     path = _resolve(model)
     if weights:
         return StandardizedTransformer(path, dispatch=True, device=device)
     try:
         return StandardizedTransformer(path)
+    except NnterpError:
+        raise  # the config itself is wrong (or the model unsupported): a stand-in tokenizer would not help
     except (OSError, ValueError):
         # A folder with a config and no tokenizer: the table needs no tokenizer, lend a stand-in.
         from .testing import tiny_tokenizer
@@ -139,12 +141,45 @@ def _top(model: Any, probs: Any, k: int = 5) -> str:
     return "  ".join(f"{model.tokenizer.decode(int(i))!r} {float(v):.3f}" for v, i in zip(values, ids))
 
 
+def _demo_problem(args: argparse.Namespace) -> str | None:
+    """What makes the demo's arguments unusable, checked before it loads anything (``None``: nothing)."""
+    import torch
+
+    from .testing import MODEL_TYPES
+
+    if args.family is not None:
+        if args.family not in MODEL_TYPES:
+            return f"--family {args.family!r} is not a registered model_type: pass one of {', '.join(MODEL_TYPES)}"
+        args.model = args.family
+    try:
+        device = torch.device(args.device)
+    except (RuntimeError, TypeError) as error:
+        return f"--device {args.device!r} is not a torch device ({error}): pass cpu, cuda or cuda:N"
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return f"--device {args.device} asks for CUDA, which this torch cannot use (torch.cuda.is_available() is False): pass --device cpu"
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        return f"--device {args.device}: this machine has {torch.cuda.device_count()} CUDA device(s): pass cuda:0 .. cuda:{torch.cuda.device_count() - 1}"
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        return f"--device {args.device} asks for MPS, which this torch cannot use: pass --device cpu"
+    out = Path(args.out).absolute()
+    existing = next(folder for folder in (out, *out.parents) if folder.exists())
+    if not existing.is_dir():
+        return f"--out {args.out}: {existing} is a file, so no folder can be made there: pass another --out"
+    if not os.access(existing, os.W_OK):
+        return f"--out {args.out}: {existing} is not writable: pass another --out"
+    return None
+
+
 def demo_command(args: argparse.Namespace) -> int:
     import torch
 
     from . import Unavailable
     from .sweep import per_token_states
 
+    problem = _demo_problem(args)
+    if problem is not None:
+        print(f"nnterp demo: {problem}", file=sys.stderr)
+        return 2
     tiny = args.model == DEFAULT_MODEL
     model = _load(args.model, weights=True, device=args.device)
     recurrent = [i for i, layer in enumerate(model.layers) if getattr(layer, "linear_attn", None) is not None]
@@ -284,7 +319,7 @@ def parser() -> argparse.ArgumentParser:
     which = demo.add_mutually_exclusive_group()
     which.add_argument("--model", default=DEFAULT_MODEL,
                        help=f"hub id, local folder, or a tiny checkpoint's name (default: {DEFAULT_MODEL}, the embedded tiny hybrid)")
-    which.add_argument("--family", dest="model", metavar="MODEL_TYPE",
+    which.add_argument("--family", metavar="MODEL_TYPE",
                        help="the embedded tiny checkpoint of a registered model_type (as --model MODEL_TYPE)")
     demo.add_argument("--out", default="nnterp-demo", help="folder for the PNG plots (default: ./nnterp-demo)")
     demo.add_argument("--prompt", default=PROMPT, help=f"the prompt (default: {PROMPT!r})")

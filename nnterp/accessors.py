@@ -25,7 +25,7 @@ signatures, each one a thin view of a standard value:
 On a hybrid, ``attentions_output[i]`` is the output of layer i's token mixer,
 whichever kind it is: softmax attention or a recurrent mixer (gated DeltaNet,
 Mamba). A layer without the part (a Mamba block's MLP, a Nemotron-H MLP
-block's mixer) raises `NnterpError` naming the layer.
+block's mixer) raises `InvalidArgument` (a ValueError) naming the layer.
 """
 
 from __future__ import annotations
@@ -34,7 +34,16 @@ from typing import Any
 
 import torch
 
-from .core.errors import NnterpError, PositionError, ShapeError
+from .core.errors import (
+    DeviceError,
+    InvalidArgument,
+    PositionError,
+    ReadOnlyValue,
+    ShapeError,
+    SignatureError,
+    UnsupportedModel,
+    WrongType,
+)
 
 
 def _mixer(layer: Any) -> Any:
@@ -73,7 +82,7 @@ class LayerAccessor:
         envoy = _mixer(block) if self.part == "mixer" else getattr(block, self.part)
         if envoy is None and self.value is not None:
             what = {"mixer": "token mixer (attention or recurrent)", "mlp": "MLP", "self_attn": "softmax attention"}[self.part]
-            raise NnterpError(f"layer {layer} has no {what} ({self.model.family.NAME}; its parts: {', '.join(block.parts()) or 'none'}), so no `{self.name}[{layer}]`")
+            raise InvalidArgument(f"layer {layer} has no {what} ({self.model.family.NAME}; its parts: {', '.join(block.parts()) or 'none'}), so no `{self.name}[{layer}]`")
         return envoy
 
     def __getitem__(self, layer: int) -> Any:
@@ -82,7 +91,7 @@ class LayerAccessor:
 
     def __setitem__(self, layer: int, value: Any) -> None:
         if self.value is None:
-            raise NnterpError(f"`{self.name}[{layer}]` is a module, not a value: did you mean `{self.name}_output[{layer}]`?")
+            raise ReadOnlyValue(f"`{self.name}[{layer}]` is a module, not a value: did you mean `{self.name}_output[{layer}]`?")
         setattr(self.get_module(layer), self.value, value)
 
     def __call__(self, layer: int) -> Any:
@@ -233,19 +242,37 @@ class OneXInterface:
         """
         if positions is not None:
             if token_positions is not None:
-                raise NnterpError("pass one of `positions` and `token_positions` (the same argument, 1.x's older and newer name)")
+                raise InvalidArgument("pass one of `positions` and `token_positions` (the same argument, 1.x's older and newer name)")
             token_positions = positions
+        if not isinstance(steering_vector, torch.Tensor):
+            raise WrongType(f"steer takes steering_vector as a tensor of shape [{self.hidden_size}], got {type(steering_vector).__name__}")
+        if steering_vector.is_meta:
+            raise DeviceError("steer: steering_vector is on the meta device, which holds no values: build it on a real device")
+        if steering_vector.dim() == 0 or steering_vector.shape[-1] != self.hidden_size:
+            raise ShapeError(
+                f"steer: steering_vector has shape {tuple(steering_vector.shape)}; it takes [{self.hidden_size}] (the "
+                f"hidden size), or a shape ending in {self.hidden_size} that broadcasts over the steered slice ([batch, 1, "
+                f"{self.hidden_size}] per batch row)"
+            )
         for layer in sorted([layers] if isinstance(layers, int) else layers):  # in execution order
             output = self.layers_output[layer]
+            # Moved to the layer's device and dtype, as 1.x did (a model split across devices).
             vector = factor * steering_vector.to(device=output.device, dtype=output.dtype)
             if batch_index is None and token_positions is None:
-                output += vector
+                index = (...,)
             elif batch_index is not None and token_positions is not None:
-                output[batch_index, token_positions] += vector
+                index = (batch_index, token_positions)
             elif token_positions is not None:
-                output[:, token_positions] += vector
+                index = (slice(None), token_positions)
             else:
-                output[batch_index] += vector
+                index = (batch_index,)
+            target = output[index].shape
+            if len(vector.shape) > len(target) or any(v not in (1, t) for v, t in zip(reversed(vector.shape), reversed(target))):
+                raise ShapeError(
+                    f"steer: steering_vector of shape {tuple(steering_vector.shape)} does not broadcast over the steered "
+                    f"slice of layer {layer}, of shape {tuple(target)}: pass [{self.hidden_size}], or one value per row of that slice"
+                )
+            output[index] += vector
             self.layers_output[layer] = output
 
     def skip_layer(self, layer: int, skip_with: Any = None) -> None:
@@ -262,9 +289,16 @@ class OneXInterface:
         their outputs are replaced, which gives every later value a forward
         without them would give (their own caches still advance).
         """
+        n = self.num_layers
+        first, last = (layer + n if -n <= layer < 0 else layer for layer in (start_layer, end_layer))
+        if first > last:
+            raise InvalidArgument(
+                f"skip_layers({start_layer}, {end_layer}) skips nothing: layer {first} comes after layer {last} (of "
+                f"{n}); pass start_layer <= end_layer, both inclusive (negative indices count from the end)"
+            )
         if skip_with is None:
-            skip_with = self.layers_input[start_layer]
-        for layer in range(start_layer, end_layer + 1):
+            skip_with = self.layers_input[first]
+        for layer in range(first, last + 1):
             self.layers_output[layer] = skip_with
 
 
@@ -295,13 +329,13 @@ def constructor_keywords(config: Any, kwargs: dict) -> tuple[bool, bool]:
         kwargs.pop(name, None)
     for name, why in _REFUSED.items():
         if name in kwargs:
-            raise NnterpError(f"StandardizedTransformer does not take nnterp 1.x's `{name}=`: {why}")
+            raise SignatureError(f"StandardizedTransformer does not take nnterp 1.x's `{name}=`: {why}")
     enable = bool(kwargs.pop("enable_attention_probs", False))
     check = bool(kwargs.pop("check_renaming", False))
     if enable:
         implementation = kwargs.get("attn_implementation", "eager")
         if implementation != "eager":
-            raise NnterpError(
+            raise InvalidArgument(
                 f"enable_attention_probs=True loads eager attention, and attn_implementation={implementation!r} asks for another: pass one of them"
             )
         kwargs["attn_implementation"] = "eager"
@@ -315,7 +349,7 @@ def constructor_keywords(config: Any, kwargs: dict) -> tuple[bool, bool]:
     fields = set(config.to_dict()) if hasattr(config, "to_dict") else set()
     unknown = sorted(name for name in kwargs if name not in known and name not in fields and not hasattr(config, name))
     if unknown:
-        raise NnterpError(
+        raise SignatureError(
             f"StandardizedTransformer got unknown keyword argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}: "
             "not an nnterp keyword (dispatch, device, tokenizer, enable_attention_probs, check_renaming), not a "
             "from_pretrained argument, not a field of the model's config"
@@ -330,7 +364,7 @@ def check_standard_names(model: Any, prompt: str = "Hello world, this is a check
     ``attention_output`` and its MLP's ``mlp_output`` are ``[batch, seq,
     hidden]``, the logits ``[batch, seq, vocab]``, and under eager attention
     each ``attention_probabilities`` is ``[batch, heads, seq, seq]`` with rows
-    summing to 1. Raises `NnterpError` naming the first value that is not.
+    summing to 1. Raises `UnsupportedModel` naming the first value that is not.
     """
     found: list = []
     with torch.no_grad(), model.trace(prompt):
@@ -357,6 +391,6 @@ def check_standard_names(model: Any, prompt: str = "Hello world, this is a check
     for name, kind, got in found[:-1]:
         if kind == "sums":
             if got > 1e-3:
-                raise NnterpError(f"check_renaming: {name} differ from 1 by {got:.2g}")
+                raise UnsupportedModel(f"check_renaming: {name} differ from 1 by {got:.2g}")
         elif tuple(got) != expected[kind]:
-            raise NnterpError(f"check_renaming: {name} has shape {tuple(got)}, expected {expected[kind]} on {model.family.NAME}")
+            raise UnsupportedModel(f"check_renaming: {name} has shape {tuple(got)}, expected {expected[kind]} on {model.family.NAME}")

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from .core.errors import NnterpError, Unavailable
+from .core.errors import InvalidArgument, ShapeError, Unavailable, WrongType
 from .sweep import per_token_states, recurrent_layers, sweep_positions, target_id
 
 __all__ = ["AttributionResult", "state_attribution", "rank_correlation"]
@@ -121,6 +121,16 @@ def state_attribution(
     Returns:
         an `AttributionResult`.
     """
+    if torch.is_inference_mode_enabled():
+        raise Unavailable(
+            "state_attribution", "it takes the metric's gradient, which torch.inference_mode() disables: call it outside "
+            "the inference_mode block (it turns gradients on itself, and touches no parameter's .grad)"
+        )
+    for name, prompt in (("clean", clean), ("corrupt", corrupt)):
+        if isinstance(prompt, (list, tuple)):
+            raise WrongType(f"state_attribution takes one {name} prompt (a string or ids [1, seq]), got a {type(prompt).__name__}: call it once per prompt")
+        if isinstance(prompt, torch.Tensor) and (prompt.dim() != 2 or prompt.shape[0] != 1):
+            raise ShapeError(f"state_attribution takes {name} ids of shape [1, seq], got {tuple(prompt.shape)}: call it once per prompt")
     function = _metric_function(model, metric)
     layers = recurrent_layers(model, layers)
     with per_token_states(model):
@@ -132,7 +142,7 @@ def state_attribution(
         corrupt_states = dict(corrupt) if isinstance(corrupt, Mapping) else _states(model, corrupt, layers)
         missing = [layer for layer in layers if layer not in corrupt_states]
         if missing:
-            raise NnterpError(f"the corrupt states given have no layers {missing}")
+            raise InvalidArgument(f"the corrupt states given have no layers {missing}")
         saved: list = []
         values: list = []
         with torch.enable_grad(), model.trace(clean, **model.family.BACKWARD_KWARGS):
@@ -143,10 +153,23 @@ def state_attribution(
             for index in layers:
                 saved.append(model.layers[index].linear_attn.states.save())
             value = function(model)
+            if not isinstance(value, torch.Tensor) or value.numel() != 1:
+                got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                raise ShapeError(f"state_attribution: metric(model) must be a scalar tensor (one value), got {got}: reduce it, e.g. m.logits[0, -1, a]")
             values.append(value.detach().save())
             # Only the states' gradients: no parameter's .grad is touched.
             value.backward(inputs=list(saved))
     clean_states = dict(zip(layers, saved))
+    for layer in layers:
+        given, state = corrupt_states[layer], clean_states[layer]
+        if not isinstance(given, torch.Tensor):
+            raise WrongType(f"corrupt[{layer}] must be a tensor of states, got {type(given).__name__}")
+        one = (1, *state.shape[2:])  # one token's state, as state_output serves it
+        if given.dim() != state.dim() or given.shape[0] != 1 or tuple(given.shape[2:]) != one[1:]:
+            raise ShapeError(
+                f"corrupt[{layer}] has shape {tuple(given.shape)}; expected [1, seq, {', '.join(map(str, one[1:]))}]: one "
+                f"prompt's state after every token (each of shape {one}, as state_output serves it), as `states` reads it"
+            )
     seq = clean_states[layers[0]].shape[1]
     positions = sweep_positions(positions, seq, min(corrupt_states[layer].shape[1] for layer in layers))
     estimate = torch.zeros(len(layers), len(positions))
@@ -154,7 +177,7 @@ def state_attribution(
     for row, layer in enumerate(layers):
         grad = clean_states[layer].grad
         if grad is None:
-            raise NnterpError(f"layer {layer}'s states got no gradient: the metric does not depend on them")
+            raise InvalidArgument(f"layer {layer}'s states got no gradient: the metric does not depend on them")
         gradients[layer] = grad
         difference = corrupt_states[layer][:, positions].to(grad.dtype) - clean_states[layer].detach()[:, positions]
         estimate[row] = (grad[:, positions] * difference).flatten(2).sum(-1).sum(0)

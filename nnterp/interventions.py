@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .core.errors import NnterpError
+from .core.errors import InvalidArgument, SignatureError, WrongType
 
 __all__ = [
     "logit_lens",
@@ -43,7 +43,7 @@ _ORDER = {"layer_input": 0, "self_attn": 1, "linear_attn": 1, "mlp": 2, "layer_o
 
 def _local(remote: bool) -> None:
     if remote:
-        raise NnterpError(
+        raise InvalidArgument(
             "nnterp's helpers run locally: for NDIF, make the same reads inside `with model.trace(..., remote=True)` "
             "(docs/remote.md), or build the model with remote=True and read there"
         )
@@ -137,7 +137,7 @@ class TargetPromptBatch:
         if isinstance(target_prompt, list):
             return TargetPromptBatch.from_target_prompts(target_prompt)
         if not isinstance(target_prompt, TargetPromptBatch):
-            raise NnterpError(f"target prompts must be a TargetPrompt, a list of them or a TargetPromptBatch, got {type(target_prompt).__name__}")
+            raise WrongType(f"target prompts must be a TargetPrompt, a list of them or a TargetPromptBatch, got {type(target_prompt).__name__}")
         return target_prompt
 
 
@@ -166,16 +166,16 @@ def patchscope_lens(
             target_patch_prompts = repeat_prompt()
         if latents is not None:
             if source_prompts is not None:
-                raise NnterpError("pass source_prompts or latents, not both")
+                raise InvalidArgument("pass source_prompts or latents, not both")
             num_sources = len(latents[0])
         else:
             if source_prompts is None:
-                raise NnterpError("pass source_prompts or latents")
+                raise SignatureError("pass source_prompts or latents")
             source_prompts = [source_prompts] if isinstance(source_prompts, str) else source_prompts
             num_sources = len(source_prompts)
         targets = TargetPromptBatch.auto(target_patch_prompts, num_sources)
         if len(targets) != num_sources:
-            raise NnterpError(f"{num_sources} sources but {len(targets)} target prompts")
+            raise InvalidArgument(f"{num_sources} sources but {len(targets)} target prompts")
         layers = _layers(model, layers)
         if latents is None:
             latents = get_token_activations(model, source_prompts, layers=layers)
@@ -194,17 +194,17 @@ def _value_reader(spec: str) -> tuple[int, Callable[[Any], Any]]:
     part, _, name = spec.rpartition(".")
     if not part:
         if spec not in ("layer_input", "layer_output"):
-            raise NnterpError(f"unknown value {spec!r}: a layer's own values are layer_input and layer_output; name another as '<part>.<value>'")
+            raise InvalidArgument(f"unknown value {spec!r}: a layer's own values are layer_input and layer_output; name another as '<part>.<value>'")
         return _ORDER[spec], lambda layer: getattr(layer, spec)
     if part not in _ORDER or part.startswith("layer"):
-        raise NnterpError(f"unknown part {part!r} in {spec!r}: one of self_attn, linear_attn, mlp")
+        raise InvalidArgument(f"unknown part {part!r} in {spec!r}: one of self_attn, linear_attn, mlp")
 
     def read(layer: Any) -> Any:
         envoy = getattr(layer, part)
         if envoy is None:
             return None
         if name not in type(envoy).values():
-            raise NnterpError(f"{part} ({type(envoy).__name__}) has no value {name!r}; it serves {', '.join(type(envoy).values())}")
+            raise InvalidArgument(f"{part} ({type(envoy).__name__}) has no value {name!r}; it serves {', '.join(type(envoy).values())}")
         return getattr(envoy, name)
 
     return _ORDER[part], read
@@ -243,10 +243,10 @@ def get_token_activations(
     with torch.no_grad():  # a block, not a decorator: a server rebuilds the bare function
         _local(remote)
         if tracer is None and prompts is None:
-            raise NnterpError("pass prompts, or tracer= inside a trace")
+            raise SignatureError("pass prompts, or tracer= inside a trace")
         idx = -1 if idx is None else idx
         if idx < 0 and model.tokenizer.padding_side != "left":
-            raise NnterpError(f"a negative idx needs left padding; the tokenizer pads {model.tokenizer.padding_side}")
+            raise InvalidArgument(f"a negative idx needs left padding; the tokenizer pads {model.tokenizer.padding_side}")
         layers = _layers(model, layers)
         if values is None:
             get_activations = get_activations or (lambda m, layer: m.layers_output[layer])

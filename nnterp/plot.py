@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from .attribution import rank_correlation
+from .core.errors import InvalidArgument, ShapeError
 
 __all__ = ["state_norms", "head_norms", "effective_attention", "patch_effect", "attribution", "logit_lens", "token_label"]
 
@@ -64,7 +65,7 @@ def _token_labels(tokens: Sequence[str] | None, n: int) -> list[str]:
     if tokens is None:
         return [str(i) for i in range(n)]
     if len(tokens) != n:
-        raise ValueError(f"got {len(tokens)} token labels for {n} positions")
+        raise InvalidArgument(f"got {len(tokens)} token labels for {n} positions")
     return [token_label(token) for token in tokens]
 
 
@@ -74,7 +75,7 @@ def _norm_per_token(states: torch.Tensor, row: int) -> torch.Tensor:
     if states.ndim == 1:
         return states.float().cpu()
     if states.ndim < 3:
-        raise ValueError(f"expected states [batch, seq, ...] (or norms [seq]), got shape {tuple(states.shape)}")
+        raise ShapeError(f"expected states [batch, seq, ...] (or norms [seq]), got shape {tuple(states.shape)}")
     return states[row].flatten(1).float().norm(dim=-1).cpu()
 
 
@@ -101,11 +102,11 @@ def state_norms(
     Figure = _pyplot()
     labels, values = _layers(states_by_layer)
     if not values:
-        raise ValueError("state_norms needs at least one layer's states")
+        raise InvalidArgument("state_norms needs at least one layer's states")
     norms = [_norm_per_token(value, row) for value in values]
     lengths = {len(n) for n in norms}
     if len(lengths) != 1:
-        raise ValueError(f"every layer must cover the same tokens, got lengths {sorted(lengths)}")
+        raise InvalidArgument(f"every layer must cover the same tokens, got lengths {sorted(lengths)}")
     grid = torch.stack(norms).numpy()
     names = _token_labels(tokens, grid.shape[1])
     fig = Figure(figsize=(max(5.0, 0.55 * len(names) + 2.5), max(2.6, 0.4 * len(labels) + 1.6)), layout="constrained")
@@ -141,7 +142,7 @@ def head_norms(state: torch.Tensor, *, row: int = 0, title: str = "State norm pe
     state = torch.as_tensor(state).detach()
     heads = state if row is None else state[row]
     if heads.ndim < 2:
-        raise ValueError(f"expected a state [batch, mixer_heads, ...], got shape {tuple(state.shape)}")
+        raise ShapeError(f"expected a state [batch, mixer_heads, ...], got shape {tuple(state.shape)}")
     norms = heads.flatten(1).float().norm(dim=-1).cpu().numpy()
     fig = Figure(figsize=(min(10.0, max(4.0, 0.3 * len(norms) + 2.0)), 3.0), layout="constrained")
     ax = fig.add_subplot()
@@ -190,7 +191,7 @@ def effective_attention(
     pattern = torch.as_tensor(pattern).detach()
     panels = pattern if row is None else pattern[row]
     if panels.ndim != 3 or panels.shape[-1] != panels.shape[-2]:
-        raise ValueError(f"expected [batch, heads, seq, seq], got shape {tuple(pattern.shape)}")
+        raise ShapeError(f"expected [batch, heads, seq, seq], got shape {tuple(pattern.shape)}")
     chosen = list(range(min(4, panels.shape[0]))) if heads is None else list(heads)
     names = _token_labels(tokens, panels.shape[-1])
     size = max(2.8, 0.32 * len(names) + 1.4)

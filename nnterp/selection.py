@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from .core.calls import mediator
-from .core.errors import NnterpError, PositionError, Unavailable, WrongType
+from .core.errors import InvalidArgument, PositionError, Unavailable, WrongType
 
 
 def recurrent_layers(model: Any) -> list[int]:
@@ -49,12 +49,12 @@ def chosen_layers(model: Any, layers: Any) -> list[int]:
     """``layers`` (``None``, an int, a sequence of ints, a 1-d tensor) as distinct layer indices from 0, in model order.
 
     Raises `WrongType` for a value that is not a layer index, `PositionError`
-    for one outside the model's layers, and `NnterpError` naming the layers
+    for one outside the model's layers, and `InvalidArgument` naming the layers
     that have a recurrent mixer for one that has none.
     """
     recurrent = recurrent_layers(model)
     if not recurrent:
-        raise NnterpError(f"{model.family.NAME} has no recurrent mixer on any layer, so no `model.states_of`")
+        raise InvalidArgument(f"{model.family.NAME} has no recurrent mixer on any layer, so no `model.states_of`")
     if layers is None:
         return recurrent
     if isinstance(layers, torch.Tensor) and layers.dim() <= 1:
@@ -78,7 +78,7 @@ def chosen_layers(model: Any, layers: Any) -> list[int]:
     missing = sorted(found - set(recurrent))
     if missing:
         plural = "s" if len(missing) > 1 else ""
-        raise NnterpError(
+        raise InvalidArgument(
             f"model.states_of(layers=...): layer{plural} {_spans(missing)} of {model.family.NAME} ha{'ve' if plural else 's'} "
             f"no recurrent mixer; the layers with one are {_spans(recurrent)}"
         )

@@ -30,13 +30,38 @@ from torch._guards import detect_fake_mode
 
 from .accessors import OneXInterface, check_standard_names, constructor_keywords
 from .core.dims import Logits, Probs
-from .core.errors import EmptyPrompt, NnterpError, RoutingError, WrongType
+from .core.errors import EmptyPrompt, InvalidArgument, LoadError, RoutingError, SignatureError, WrongType
 from .core.values import DerivedEProperty, EProperty, Unwrap
 from .families import family_for
 from .recurrent.routing import refused_device
 from .recurrent.settings import mark_remote, marked_generating
 from .selection import states_of
 from .support import describe, support_table
+
+
+def _folder_config(path: str) -> Any:
+    """A saved folder's config, or a `LoadError` (one line) saying what is wrong with its config.json and the fix."""
+    import json
+
+    from transformers import AutoConfig
+
+    file = os.path.join(path, "config.json")
+    fix = "pass a folder written by save_pretrained, or fix its config.json"
+    if not os.path.isfile(file):
+        raise LoadError(f"{path!r} has no config.json: {fix}")
+    try:
+        with open(file, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise LoadError(f"{file!r} is not valid JSON ({' '.join(str(error).split())}): {fix}") from error
+    if not isinstance(data, dict):
+        raise LoadError(f"{file!r} holds a JSON {type(data).__name__}, not an object of config fields: {fix}")
+    if "model_type" not in data:
+        raise LoadError(f"{file!r} has no `model_type` field (the family, e.g. \"qwen3_5_text\"): {fix}")
+    try:
+        return AutoConfig.from_pretrained(path)
+    except Exception as error:  # a field of the wrong type, an unknown model_type: transformers says which
+        raise LoadError(f"could not read {file!r}: {' '.join(str(error).split())}; {fix}") from error
 
 
 def _config(model: Any, revision: str | None = None) -> Any:
@@ -51,13 +76,13 @@ def _config(model: Any, revision: str | None = None) -> Any:
         )
     path = os.fspath(model)
     if os.path.isdir(path):
-        return AutoConfig.from_pretrained(path)
+        return _folder_config(path)
     looks_local = path.startswith((".", "/", "~")) or path.count("/") != 1  # a hub id is "owner/name"
     try:
         return AutoConfig.from_pretrained(path, revision=revision)
     except Exception as error:
         where = "no folder exists at that path" if looks_local else "the hub could not serve it"
-        raise NnterpError(
+        raise LoadError(
             f"could not load {path!r}: {where} ({type(error).__name__}: {error}). Pass a folder saved with "
             "save_pretrained, a hub id this machine can reach, or a loaded model with tokenizer="
         ) from error
@@ -141,14 +166,14 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
         enable_attention_probs, check_renaming = constructor_keywords(family.text_config(config), kwargs)
         if tokenizer is None:
             if isinstance(model, PreTrainedModel):
-                raise NnterpError("a loaded model comes without its tokenizer: pass tokenizer=AutoTokenizer.from_pretrained(...)")
+                raise SignatureError("a loaded model comes without its tokenizer: pass tokenizer=AutoTokenizer.from_pretrained(...)")
             # nnsight cannot guess a local folder's tokenizer on its lazy path (transformers 5
             # names the pipeline class as a string), so load it here for every source.
             tokenizer = AutoTokenizer.from_pretrained(os.fspath(model), revision=kwargs.get("revision"))
         if device is not None and not isinstance(model, PreTrainedModel):
             kwargs.setdefault("device_map", device)
         if remote and dispatch:
-            raise NnterpError("a remote model runs on NDIF's copy of the weights: leave dispatch=False with remote=True")
+            raise InvalidArgument("a remote model runs on NDIF's copy of the weights: leave dispatch=False with remote=True")
         object.__setattr__(self, "_family", family)
         object.__setattr__(self, "_nnterp_remote", bool(remote))
         kwargs["rename"] = {**_standard_aliases(family), **(kwargs.get("rename") or {})}
@@ -296,7 +321,7 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
                     "tokens, and the row would run on padding alone; pass a non-empty prompt"
                 )
             if self.family.PADDING_REFUSED is not None and not bool(mask.all()):
-                raise NnterpError(self.family.PADDING_REFUSED)
+                raise InvalidArgument(self.family.PADDING_REFUSED)
         return args, kwargs
 
     def support(self) -> dict:

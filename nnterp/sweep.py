@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from .core.errors import NnterpError, OutOfVocabulary, PositionError, WrongType
+from .core.errors import InvalidArgument, OutOfVocabulary, PositionError, WrongType
 from .recurrent.routing import route_kernels
 
 __all__ = ["SweepResult", "patch_sweep", "per_token_states"]
@@ -116,7 +116,7 @@ def target_id(model: Any, target: int | str) -> int:
     if isinstance(target, str):
         ids = model.tokenizer(target, add_special_tokens=False).input_ids
         if len(ids) != 1:
-            raise NnterpError(f"target_token {target!r} is {len(ids)} tokens here ({ids}); pass one token or its id")
+            raise InvalidArgument(f"target_token {target!r} is {len(ids)} tokens here ({ids}); pass one token or its id")
         return ids[0]
     raise WrongType(f"target_token takes a token id (an int) or a one-token string, got {type(target).__name__}")
 
@@ -125,12 +125,12 @@ def recurrent_layers(model: Any, layers: Sequence[int] | None) -> list:
     recurrent = [i for i, layer in enumerate(model.layers) if getattr(layer, "linear_attn", None) is not None]
     if layers is None:
         if not recurrent:
-            raise NnterpError("this model has no recurrent mixer (no layer has a linear_attn) to patch")
+            raise InvalidArgument("this model has no recurrent mixer (no layer has a linear_attn) to patch")
         return recurrent
     layers = [i + len(model.layers) if i < 0 else i for i in layers]
     missing = [i for i in layers if i not in recurrent]
     if missing:
-        raise NnterpError(f"layers {missing} have no recurrent mixer; the recurrent layers are {recurrent}")
+        raise InvalidArgument(f"layers {missing} have no recurrent mixer; the recurrent layers are {recurrent}")
     return list(layers)
 
 

@@ -140,3 +140,57 @@ def test_support_prints_every_familys_table_from_its_tiny_checkpoint(model_type,
     assert "layer_output" in text
     if REGISTRY[model_type].MIXER is not None:
         assert "linear_attn.state_output" in text
+
+
+def _one_line_error(done: subprocess.CompletedProcess, *words: str) -> str:
+    """A refusal as the CLI gives it: nonzero exit, one line on stderr (no traceback) holding ``words``."""
+    assert done.returncode != 0, done.stdout
+    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("[transformers]")]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert all(word in lines[0] for word in words), lines[0]
+    return lines[0]
+
+
+def _config_folder(tmp_path: Path, text: str | None) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    if text is not None:
+        (folder / "config.json").write_text(text)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        (None, ("has no config.json", "save_pretrained")),
+        ("{not json", ("is not valid JSON", "fix its config.json")),
+        ('{"hidden_size": 8}', ("no `model_type`", "fix its config.json")),
+        ("[1, 2]", ("JSON list", "fix its config.json")),
+        ('{"model_type": "qwen3", "hidden_size": [1]}', ("hidden_size", "fix its config.json")),
+    ],
+    ids=["empty-folder", "invalid-json", "no-model-type", "json-list", "wrong-field-type"],
+)
+def test_support_of_a_broken_folder_is_one_line(tmp_path, text, words):
+    _one_line_error(nnterp_cli("support", str(_config_folder(tmp_path, text))), "nnterp support:", *words)
+
+
+def test_demo_on_cuda_without_cuda_is_one_line(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the refusal is for one without")
+    _one_line_error(nnterp_cli("demo", "--device", "cuda", "--out", str(tmp_path / "plots"), cwd=tmp_path), "--device cpu")
+
+
+def test_demo_out_under_a_file_is_refused_before_it_runs(tmp_path):
+    (tmp_path / "file").write_text("")
+    done = nnterp_cli("demo", "--out", str(tmp_path / "file" / "plots"), "--no-sweep", cwd=tmp_path)
+    _one_line_error(done, "is a file", "another --out")
+    assert "nnterp demo:" not in done.stdout  # nothing ran
+
+
+def test_demo_of_an_unknown_family_names_the_valid_ones(tmp_path):
+    from nnterp.testing import MODEL_TYPES
+
+    line = _one_line_error(nnterp_cli("demo", "--family", "nonexistent", "--out", str(tmp_path / "plots"), cwd=tmp_path), "'nonexistent'")
+    assert all(name in line for name in MODEL_TYPES)

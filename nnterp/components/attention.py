@@ -25,7 +25,7 @@ import torch
 from nnsight.intervention.source import compiled, decorator_chain
 
 from ..core.dims import Hidden
-from ..core.errors import NnterpError, WrongType
+from ..core.errors import NnterpError, UnsupportedRelease, WrongType
 from ..core.standard import Standard
 from ..core.values import DerivedEProperty, module_output
 from ..recurrent.labels import missing
@@ -54,10 +54,10 @@ def probability_labels(hf_attention: type) -> tuple[str, str]:
                 if name.startswith("attention_interface_")
             ]
             if not calls:
-                raise NnterpError(missing("the `attention_interface(...)` call", inner))
+                raise UnsupportedRelease(missing("the `attention_interface(...)` call", inner))
             eager = inner.__globals__.get("eager_attention_forward")
             if eager is None:
-                raise NnterpError(missing("`eager_attention_forward`", inner))
+                raise UnsupportedRelease(missing("`eager_attention_forward`", inner))
 
             def weights_times_values(node: ast.Call) -> bool:
                 return (
@@ -67,7 +67,7 @@ def probability_labels(hf_attention: type) -> tuple[str, str]:
 
             matmuls = [name for name in _call_labels(eager, weights_times_values) if "matmul" in name]
             if not matmuls:
-                raise NnterpError(missing("the `torch.matmul(weights, values)` call", eager))
+                raise UnsupportedRelease(missing("the `torch.matmul(weights, values)` call", eager))
             found = (calls[0], matmuls[0])
         except NnterpError as error:
             found = error

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..core.errors import NnterpError, Unavailable
+from ..core.errors import Unavailable
 from ..core.values import check_expected, check_tensor, replace_in
 from ..recurrent.arguments import kernel_waiting
 from ..recurrent.gradients import graft, recording
@@ -54,7 +54,8 @@ def assign_state_input(self, value: Any) -> None:
         self._state_buffer().copy_(value)
         return
     if "state" not in self._table(call):
-        raise NnterpError(
+        raise Unavailable(
+            "a write to linear_attn.state_input",
             f"{type(self).__name__}'s prompt kernel takes no initial state (it starts from zeros): assign "
             "`state_input` on a decode step, or use set_state_after(t, value) inside the prompt"
         )

@@ -25,7 +25,7 @@ import torch
 from nnsight.intervention.interleaver import Mediator
 
 from ..core.dims import ConvState
-from ..core.errors import NnterpError
+from ..core.errors import Unavailable
 from ..core.values import DerivedEProperty, check_tensor
 
 
@@ -33,8 +33,8 @@ def _window(envoy: Any) -> torch.Tensor | None:
     """The cache's window buffer for this layer, or ``None`` before any has been kept."""
     cache = envoy._call()["cache"]
     if cache is None:
-        raise NnterpError(
-            "this call runs without a cache, so it keeps no convolution window: run it with use_cache=True "
+        raise Unavailable(
+            "the convolution window", "this call runs without a cache, so it keeps no convolution window: run it with use_cache=True "
             "(the default of a trace and of generate)"
         )
     layer = cache.layers[envoy._module.layer_idx]
@@ -51,8 +51,8 @@ def _entering(envoy: Any) -> torch.Tensor | None:
 def _assign_entering(envoy: Any, value: torch.Tensor) -> None:
     window = _window(envoy)
     if window is None:
-        raise NnterpError(
-            "`linear_attn.conv_state_input` is None on a fresh prompt (the convolution pads with zeros): assign it on "
+        raise Unavailable(
+            "a write to `linear_attn.conv_state_input`", "it is None on a fresh prompt (the convolution pads with zeros): assign it on "
             "a decode step, or assign the previous call's `conv_state_output`"
         )
     check_tensor("`linear_attn.conv_state_input`", value, window)

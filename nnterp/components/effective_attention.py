@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ..core.calls import mediator
 from ..core.dims import BATCH, MIXER_HEADS, SEQ, Values
-from ..core.errors import NnterpError, Unavailable
+from ..core.errors import SignatureError, Unavailable
 from ..core.values import DerivedEProperty
 from ..recurrent import arguments
 from ..recurrent.kernels import needs_torch_kernels
@@ -88,7 +88,7 @@ def effective_attention_of(self, positions: Any = None, heads: Any = None, chann
     chosen, other = (heads, channels) if axis == "heads" else (channels, heads)
     if other is not None:
         wrong = "channels" if axis == "heads" else "heads"
-        raise NnterpError(f"`{what}`: {type(self).__name__}'s effective attention has one pattern per {axis[:-1]}: pass {axis}=, not {wrong}=")
+        raise SignatureError(f"`{what}`: {type(self).__name__}'s effective attention has one pattern per {axis[:-1]}: pass {axis}=, not {wrong}=")
     return self._effective(positions, chosen, True)[0]
 
 def effective_values(self, positions: Any, selection: Any, coefficients: bool) -> tuple:

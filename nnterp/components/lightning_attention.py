@@ -84,11 +84,11 @@ from nnsight.intervention.interleaver import Mediator
 
 from ..core.calls import mediator, pinned
 from ..core.dims import ConvState, Gates, Hidden, Queries, State, States, Values
-from ..core.errors import NnterpError, OrderError, Unavailable
+from ..core.errors import OrderError, SignatureError, Unavailable
 from ..core.standard import Standard
 from ..core.values import DerivedEProperty, check_expected, module_output
 from ..fast.lightning import lightning_attention, lightning_tap_readout
-from ..recurrent.call import order_hint
+from ..recurrent.call import Call, order_hint
 from ..recurrent.gradients import fill, recording, tap
 from . import lightning_one_pass
 from . import lightning_run as calls
@@ -315,12 +315,7 @@ class LightningAttention(Standard):
         run = self._run()
         position = self._position(run, t, what)
         check_expected(what, value, self._state_shape(run), run.q.dtype, run.q.device)
-        if run.states_read:
-            raise OrderError(order_hint(what, "states"))
-        if run.furthest > position:
-            raise OrderError(order_hint(what, f"a read of token {run.furthest}"))
-        if run.writes and max(run.writes) >= position:
-            raise OrderError(order_hint(what, f"set_state_after({max(run.writes)}, value)"))
+        Call.check_write_order(what, position, run.states_read, (run.furthest, f"a read of token {run.furthest}"), run.writes)
         read = run.read.get(position)
         if read is not None and not run.writes and not run.decays_written and not value.requires_grad and torch.equal(value, read):
             return  # writing back the state this call computes: the call already continues from it, bit for bit
@@ -333,7 +328,7 @@ class LightningAttention(Standard):
     def _effective(self) -> tuple:
         run = self._run()
         if run.writes:
-            raise NnterpError("`linear_attn.effective_attention` is the call's own: read it before set_state_after")
+            raise OrderError("`linear_attn.effective_attention` is the call's own: read it before set_state_after")
         return lightning_attention(run.q, run.k, run.g, run.initial)
 
     def kernel_output(self) -> torch.Tensor:
@@ -353,7 +348,7 @@ class LightningAttention(Standard):
         """
         mediator("`linear_attn.effective_attention_of`")
         if channels is not None:
-            raise NnterpError("`linear_attn.effective_attention_of`: lightning attention has one pattern per head: pass heads=, not channels=")
+            raise SignatureError("`linear_attn.effective_attention_of`: lightning attention has one pattern per head: pass heads=, not channels=")
         A = self._effective()[0]
         return A[:, _index(heads, A.shape[1])][:, :, _index(positions, A.shape[2])]
 

@@ -20,12 +20,12 @@ from nnsight.intervention.interleaver import Mediator
 from nnsight.intervention.source import compiled, decorator_chain
 
 from ..core.calls import mediator, per_call, pinned
-from ..core.errors import NnterpError, OrderError, PositionError, WrongType
+from ..core.errors import OrderError, PositionError, UnsupportedRelease, WrongType
 from ..core.local import LocalDict
 from ..fast.buffers import empty_states
 from ..fast.lightning import lightning_scan, lightning_states
 from ..fast.scan import differentiable
-from ..recurrent.call import order_hint
+from ..recurrent.call import Call, order_hint
 from ..recurrent.kernels import signature, signature_binding
 from ..recurrent.labels import bindings, call_label, missing
 
@@ -40,7 +40,7 @@ def cache_parameter(forward) -> str:
         pattern = re.compile(rf"^{re.escape(name)}_get_linear_cache_\d+$")
         if any(pattern.match(label) for label in names):
             return name
-    raise NnterpError(missing("a call of `get_linear_cache` on one of its parameters (the cache)", forward))
+    raise UnsupportedRelease(missing("a call of `get_linear_cache` on one of its parameters (the cache)", forward))
 
 
 def find_labels(hf_mixer: type) -> dict:
@@ -51,7 +51,7 @@ def find_labels(hf_mixer: type) -> dict:
     forward = decorator_chain(hf_mixer.forward)[0]
     loops = bindings(forward, "attn_weights_inter", in_loop=True)
     if len(loops) < 2:
-        raise NnterpError(missing("the state's bindings in the block loop and in the token loop", forward))
+        raise UnsupportedRelease(missing("the state's bindings in the block loop and in the token loop", forward))
     cache = cache_parameter(forward)
     return {
         "cache": cache,
@@ -90,9 +90,7 @@ def record(mixer) -> Run:
     def make() -> Run:
         mixer.source  # instrument the forward before it runs
         med = mediator()
-        entry = f"{mixer.path}.input"
-        if med.occurrence(entry) > med.wanted(entry):
-            raise OrderError(order_hint("a value of this call of `linear_attn`", "the mixer had run (its output was read first)"))
+        Call.check_entry(mixer)
         args, kwargs = mixer.inputs
         bound = signature_binding(type(mixer._module).forward, mixer._module, args, kwargs)
         run = Run()
@@ -118,8 +116,7 @@ def passed(mixer, run: Run, name: str, occurrence: int) -> bool:
 
 def before(mixer, run: Run, name: str, what: str, moment: str) -> None:
     """Raise `OrderError` unless the forward has not passed operation ``name`` of this call yet."""
-    if passed(mixer, run, name, run.first[name]):
-        raise OrderError(order_hint(what, moment))
+    Call.check_reachable(mixer._at(name), run.first[name], what, moment)
 
 
 def position(mixer, run: Run, t: Any, what: str) -> int:

@@ -52,7 +52,7 @@ from nnsight.intervention.source import compiled
 
 from ..core.calls import pinned
 from ..core.dims import Gates, Queries, State, Values
-from ..core.errors import NnterpError
+from ..core.errors import UnsupportedRelease
 from ..fast.effective_delta import GATED_DELTA_ATTENTION
 from ..fast.specs import GATED_DELTA
 from ..recurrent.arguments import SAME
@@ -120,7 +120,7 @@ class LinearAttention(RecurrentMixer):
         labels["PRE_STATE_OP"] = bindings(loop, cls.STATE_VARIABLE, in_loop=True)[-2]
         labels["EXPANDS_KEYS"] = expands = repeats_first_argument(hf_mixer.forward, cls.CHUNK_FUNCTION)
         if cls.GROUPED_HEADS and expands == ("repeat_interleave" in compiled(original_body(modeling, cls.CHUNK_FUNCTION)).source):
-            raise NnterpError(missing(
+            raise UnsupportedRelease(missing(
                 "where the query/key heads are repeated to the value heads (the mixer's forward up to 5.22, the "
                 f"kernel from 5.23), which sets `linear_attn.attention_queries`' key_heads; {cls.CHUNK_FUNCTION}",
                 hf_mixer.forward,

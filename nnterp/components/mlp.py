@@ -38,7 +38,7 @@ import torch
 from nnsight.intervention.source import compiled, decorator_chain
 
 from ..core.dims import Hidden, RouterLogits
-from ..core.errors import NnterpError, ShapeError, WrongType
+from ..core.errors import NnterpError, ShapeError, UnsupportedRelease, WrongType
 from ..core.standard import Standard
 from ..core.values import DerivedEProperty, EProperty, Unwrap, check_tensor
 from ..recurrent.labels import missing
@@ -62,9 +62,9 @@ def router_label(router: type) -> str:
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "router_logits" for t in node.targets)
         }
         labels = [name for name in info.names if re.match(r"^router_logits_\d+$", name) and info.lines.get(name) in lines]
-        found = labels[0] if labels else NnterpError(missing("the `router_logits = ...` binding", inner))
+        found = labels[0] if labels else UnsupportedRelease(missing("the `router_logits = ...` binding", inner))
         _FOUND[router] = found
-    if isinstance(found, NnterpError):
+    if isinstance(found, UnsupportedRelease):
         raise found
     return found
 

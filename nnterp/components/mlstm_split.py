@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.errors import NnterpError
+from ..core.errors import Unavailable
 from ..core.values import check_expected
 from ..fast.mlstm import unpack
 from ..recurrent.call import Call
@@ -77,8 +77,9 @@ def run_backend(self, call: Call, lo: int, hi: int, initial: torch.Tensor | None
     """The backend module's own forward on tokens ``[lo, hi)`` of the call, from ``initial``: ``(h, (C, n, m))``."""
     backend = self._module.mlstm_backend
     if "inference" not in backend.config.mode:
-        raise NnterpError(
-            f"set_state_after splits the backend call, which config.mode={backend.config.mode!r} runs through the "
+        raise Unavailable(
+            "linear_attn.set_state_after",
+            f"it splits the backend call, which config.mode={backend.config.mode!r} runs through the "
             "chunkwise kernel alone (whole chunks only, no final state); use mode='inference' (the default)"
         )
     kwargs = dict(call.kwargs)

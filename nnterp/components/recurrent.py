@@ -40,7 +40,7 @@ from nnsight.intervention.interleaver import Mediator
 
 from ..core.calls import mediator, per_call, pinned  # noqa: F401  (per_call, pinned: documented here)
 from ..core.dims import Hidden, State, States
-from ..core.errors import NnterpError, Unavailable
+from ..core.errors import InvalidArgument, Unavailable
 from ..core.standard import Standard
 from ..core.values import DerivedEProperty, Key, check_tensor, module_output, replace_in, select_from
 from ..fast.effective import EffectiveSpec
@@ -187,6 +187,7 @@ class RecurrentMixer(Standard):
             # Instrument the forward before it runs, whatever value is read first (a convolution window reads
             # no kernel op): otherwise a first trace runs it uninstrumented and a later kernel read is lost.
             self.source
+            Call.check_entry(self)
             args, kwargs = self.inputs
             bound = signature_binding(type(self._module).forward, self._module, args, kwargs)
             hidden = bound.get("hidden_states", args[0] if args else None)
@@ -271,7 +272,7 @@ class RecurrentMixer(Standard):
         what = f"`linear_attn.{name}`"
         slot = self._table(call).get(name)
         if slot is None:
-            raise NnterpError(f"{what} is not an argument of this call's kernel ({call.kernel})")
+            raise Unavailable(f"a write to {what}", f"it is not an argument of this call's kernel ({call.kernel})")
         call.check_not_started(f"a write to {what}")
         where, layout = slot
         current = select_from(call.arguments, where)
@@ -288,7 +289,7 @@ class RecurrentMixer(Standard):
         """Any argument of this call's kernel by its signature-table name, tokens first; ``None`` where it takes none."""
         names = set(type(self).CHUNK_ARGUMENTS) | set(type(self).RECURRENT_ARGUMENTS)
         if name not in names:
-            raise NnterpError(f"`linear_attn.argument` takes one of {sorted(names)}, got {name!r}")
+            raise InvalidArgument(f"`linear_attn.argument` takes one of {sorted(names)}, got {name!r}")
         reason = needs_torch_kernels(self)
         if reason is not None:
             raise Unavailable(f"linear_attn.argument({name!r})", reason)
@@ -384,6 +385,10 @@ class RecurrentMixer(Standard):
         """The state bound at ``occurrence`` of the state op (``None``: the next one), as `states` serves it."""
         with pinned(occurrence):
             return call.strategy["op"].output
+
+    def _token_ops(self, call: Call, position: int) -> list:
+        """The ops `_token_state` reads the state after ``position`` from: the order check asks that none has passed it."""
+        return [call.strategy["op"]]
 
     def kernel_reason(self) -> str | None:
         """Why this mixer's kernel has no Python loop to read, beyond the bindings `needs_torch_kernels` checks."""

@@ -61,7 +61,7 @@ from torch import Tensor
 
 from ..core.calls import mediator, per_call, pinned
 from ..core.dims import BATCH, CONV_CHANNELS, CONV_WINDOW, LRU_WIDTH, SEQ
-from ..core.errors import NnterpError, OrderError, Unavailable
+from ..core.errors import OrderError, Unavailable, UnsupportedRelease
 from ..core.values import DerivedEProperty, FirstInput, check_expected, check_tensor
 from ..fast.rg_lru import LRU_ATTENTION
 from ..recurrent.arguments import SAME
@@ -93,7 +93,7 @@ def _child_class(block: type, attribute: str) -> type:
             and any(isinstance(t, ast.Attribute) and t.attr == attribute for t in node.targets)
         ):
             return block.__init__.__globals__[node.value.func.id]
-    raise NnterpError(f"{block.__qualname__}.__init__ builds no `self.{attribute}`: this transformers release moved the RG-LRU")
+    raise UnsupportedRelease(f"{block.__qualname__}.__init__ builds no `self.{attribute}`: this transformers release moved the RG-LRU")
 
 
 def _lru_value(label: str | None, name: str, description: str) -> DerivedEProperty:
@@ -188,6 +188,7 @@ class RGLRU(RecurrentMixer):
         def read() -> dict:
             lru = self._lru()
             lru.source  # instrument the RG-LRU before it runs, whatever value is read first
+            Call.check_entry(self)
             args, kwargs = self.inputs
             bound = signature_binding(type(self._module).forward, self._module, args, kwargs)
             hidden = bound.get("input_states", args[0] if args else None)
@@ -248,8 +249,8 @@ class RGLRU(RecurrentMixer):
         what = "`linear_attn.state_input`"
         call.check_not_started(f"a write to {what}")
         if not self._call()["continues"]:
-            raise NnterpError(
-                f"{what}: this call starts at position 0, where the RG-LRU resets its state (the entering state is "
+            raise Unavailable(
+                f"a write to {what}", "this call starts at position 0, where the RG-LRU resets its state (the entering state is "
                 "multiplied by 0): assign it on a decode step, or use set_state_after(t, value) inside the prompt"
             )
         check_expected(what, value, *call.expected)
@@ -375,8 +376,8 @@ class RGLRU(RecurrentMixer):
         what = "`linear_attn.conv_state_input`"
         window = self._module.conv1d_state
         if info["seq"] != 1 or not info["use_cache"] or window is None:
-            raise NnterpError(
-                f"{what} is None on a several-token call (transformers' prefill convolves over zeros, whatever the "
+            raise Unavailable(
+                f"a write to {what}", "it is None on a several-token call (transformers' prefill convolves over zeros, whatever the "
                 "block holds): assign it on a decode step, or assign the previous call's `conv_state_output`"
             )
         check_tensor(what, value, window)
@@ -385,8 +386,8 @@ class RGLRU(RecurrentMixer):
     def _window_kept(self) -> torch.Tensor:
         """The window the block keeps once this call has returned."""
         if not self._call()["use_cache"]:
-            raise NnterpError(
-                "this call runs without a cache (use_cache=False), so the block keeps no convolution window: run it "
+            raise Unavailable(
+                "linear_attn.conv_state_output", "this call runs without a cache (use_cache=False), so the block keeps no convolution window: run it "
                 "with use_cache=True (the default of a trace and of generate)"
             )
         Mediator.value(f"{self.path}.output")

@@ -77,7 +77,7 @@ from torch import Tensor
 
 from ..core.calls import forget, mediator, per_call
 from ..core.dims import BATCH, CONV_CHANNELS, CONV_WIDTH, SEQ, ConvState
-from ..core.errors import NnterpError, Unavailable
+from ..core.errors import Unavailable
 from ..core.values import DerivedEProperty, check_expected
 from ..fast.short_conv import SHORT_CONV_ATTENTION
 from ..recurrent.arguments import CHANNELS_FIRST, SAME
@@ -176,6 +176,7 @@ class ShortConvolution(RecurrentMixer):
 
         def read() -> tuple:
             op = self._gates_op()
+            Call.check_entry(self, location=f"{op.path}.output")
             split = tuple(op.output)
             served = tuple(part.transpose(1, 2) for part in split)
             if recording(split[0]):
@@ -273,8 +274,8 @@ class ShortConvolution(RecurrentMixer):
     def _assign_state_input(self, value: torch.Tensor) -> None:
         window = self._window(False)
         if window is None:
-            raise NnterpError(
-                "`linear_attn.state_input` is None on a fresh prompt (the convolution pads with zeros): assign it on a "
+            raise Unavailable(
+                "a write to `linear_attn.state_input`", "it is None on a fresh prompt (the convolution pads with zeros): assign it on a "
                 "decode step, or use set_state_after(t, window) inside the prompt"
             )
         check_expected("`linear_attn.state_input`", value, tuple(window.shape), window.dtype, window.device)

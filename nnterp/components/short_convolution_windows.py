@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from nnsight.intervention.interleaver import Mediator
 
 from ..core.calls import mediator
-from ..core.errors import NnterpError, Unavailable
+from ..core.errors import OrderError, Unavailable
 from ..core.values import check_expected
 from ..recurrent.call import Call
 from ..recurrent.gradients import fill, recording, tap
@@ -27,7 +27,7 @@ def states(self) -> torch.Tensor:
     """The window after every token of this call, ``[batch, seq, conv_channels, conv_width]``: slices of the extended input."""
     call = self._record()
     if call.writes:
-        raise NnterpError("`linear_attn.states` after set_state_after in the same call: read states before the write")
+        raise OrderError("`linear_attn.states` after set_state_after in the same call: read states before the write")
     width = self._module.conv_kernel_size
     states = self._extended().unfold(-1, width, 1)[:, :, 1:].transpose(1, 2)  # [batch, seq, channels, L]
     if recording() and not call.strategy.get("tapped"):

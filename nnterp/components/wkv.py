@@ -64,7 +64,7 @@ from torch import Tensor
 
 from ..core.calls import pinned
 from ..core.dims import BATCH, CHANNELS, CONV_CHANNELS, CONV_WIDTH, SEQ, WKV_PARTS
-from ..core.errors import NnterpError, Unavailable
+from ..core.errors import Unavailable
 from ..core.values import DerivedEProperty, Key, check_expected, check_tensor, replace_in
 from ..fast.wkv import WKV_ATTENTION
 from ..recurrent.arguments import SAME, kernel_waiting
@@ -191,6 +191,11 @@ class WKV(RecurrentMixer):
                 parts.append(getattr(source, label).output)
         return torch.stack(parts, 1)
 
+    def _token_ops(self, call: Call, position: int) -> list:
+        if position in call.strategy.get("continued", {}):
+            return []  # a write's continuation computed it: served from there, whatever the run has passed
+        return [getattr(call.strategy["source"], label) for label in (self.NUM_OP, self.DEN_OP, self.STATE_OP)]
+
     def _continue_op(self, call: Call):
         return getattr(call.strategy["source"], self.NUMERATOR_OP)
 
@@ -234,7 +239,7 @@ class WKV(RecurrentMixer):
         call.check_not_started(f"a write to {what}")
         check_expected(what, value, *call.expected)
         if self._serve("state", call) is None:
-            raise NnterpError(f"{what}: {_NO_STATE}")
+            raise Unavailable(f"a write to {what}", _NO_STATE)
         self._assign_argument("state", tuple(value.unbind(1)))
 
     def _final(self, call: Call) -> tuple:
@@ -346,7 +351,7 @@ class WKV(RecurrentMixer):
     def _entering_state(self) -> list:
         state = self._call_state()
         if state is None:
-            raise NnterpError(f"`linear_attn.conv_state_input`: {_NO_STATE}")
+            raise Unavailable("linear_attn.conv_state_input", _NO_STATE)
         return state
 
     def _call_state(self) -> list | None:
@@ -367,7 +372,7 @@ class WKV(RecurrentMixer):
     def _leaving_shift(self) -> torch.Tensor:
         output = self.output
         if not isinstance(output, tuple) or output[1] is None:
-            raise NnterpError(f"`linear_attn.conv_state_output`: {_NO_STATE}")
+            raise Unavailable("linear_attn.conv_state_output", _NO_STATE)
         return self._shift(output[1])
 
     def _shift_output(self) -> torch.Tensor:

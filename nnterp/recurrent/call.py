@@ -8,6 +8,11 @@ learnt of the call and what it has read and written; its checks raise
 `OrderError` naming the earlier read instead of letting nnsight drop a
 request for a moment already passed (nnsight only warns "never reached").
 
+Every kind's order checks are the methods below (`Call.check_reachable` the
+one test they share), the MiniMax record and the checks of a call's entry
+included: a kind raises `OrderError`, never nnsight's raw ``OutOfOrderError``
+naming an internal location.
+
 The record lives on the worker (`nnterp.core.calls.per_call`), so two
 invokes never share one and it is freed with its run.
 """
@@ -34,6 +39,8 @@ def order_hint(asked: str, passed: str) -> str:
 
 #: What had passed when a per-token state is asked for after its call's kernel ran.
 KERNEL_RAN = "this call's kernel had already run (state_output, attention_output or a later value was read first)"
+#: What had passed when a call's first value is asked for after the mixer's call started.
+MIXER_RAN = "the mixer's call had started (attention_output, state_output or a later value was read first)"
 
 
 class Call:
@@ -81,22 +88,35 @@ class Call:
 
     # -- the checks ----------------------------------------------------------------
 
+    @staticmethod
+    def check_reachable(location: str, first: int, what: str, passed: str) -> None:
+        """The one order test: raise `OrderError` (``what`` asked after ``passed``) once the run has passed
+        ``location`` more than ``first`` times, where nnsight would raise its raw ``OutOfOrderError``."""
+        if mediator().occurrence(location) > first:
+            raise OrderError(order_hint(what, passed))
+
+    @staticmethod
+    def check_entry(mixer: Any, what: str = "a value of this call of `linear_attn`", location: str | None = None) -> None:
+        """Raise unless the run has not passed ``location`` (the mixer's input) of the call a request made now
+        asks for: a call's record is made there, before any of its values."""
+        entry = location or f"{mixer.path}.input"
+        Call.check_reachable(entry, mediator().wanted(entry), what, MIXER_RAN)
+
     def check_not_started(self, what: str, passed: str = "this call's kernel had started") -> None:
         """Raise unless the kernel call has not started: arguments are read and written, and states found, before it runs."""
-        if self.occurrences(f"{self.op.path}.input") > self.started:
-            raise OrderError(order_hint(what, passed))
+        self.check_reachable(f"{self.op.path}.input", self.started, what, passed)
 
     def check_open(self, what: str) -> None:
         """Raise unless the kernel call has not returned yet."""
-        if self.occurrences(f"{self.op.path}.output") > self.output_at:
-            raise OrderError(order_hint(what, "the kernel had returned (state_output or a later value was read)"))
+        self.check_reachable(f"{self.op.path}.output", self.output_at, what, "the kernel had returned (state_output or a later value was read)")
 
-    def reach(self, position: int, what: str, op: Any, first: int) -> None:
-        """Raise unless the run can still reach occurrence ``first + position`` of ``op``; then record it as reached."""
+    def reach(self, position: int, what: str, ops: Any, first: int) -> None:
+        """Raise unless the run can still reach occurrence ``first + position`` of every op in ``ops`` (one op, or
+        the ops one token's state is read from, in any order); then record it as reached."""
         self.check_open(what)
-        if self.occurrences(f"{op.path}.output") > first + position:
-            earlier = self.furthest[1] if self.furthest is not None else "an earlier read"
-            raise OrderError(order_hint(what, f"{earlier} had moved the run past token {position}"))
+        earlier = self.furthest[1] if self.furthest is not None else "an earlier read"
+        for op in ops if isinstance(ops, (list, tuple)) else (ops,):
+            self.check_reachable(f"{op.path}.output", first + position, what, f"{earlier} had moved the run past token {position}")
         self.advance(position, what)
 
     def advance(self, position: int, what: str) -> None:
@@ -105,14 +125,20 @@ class Call:
             self.furthest = (position, what)
 
     def check_write(self, position: int, what: str) -> None:
-        """Raise unless a write at ``position`` comes after no read or write of a later (or the same) position."""
+        """Raise unless a write at ``position`` comes before the kernel returned and after no read or write of a
+        later (or the same) position."""
         self.check_open(what)
-        if self.states_read:
+        self.check_write_order(what, position, self.states_read, self.furthest, self.writes)
+
+    @staticmethod
+    def check_write_order(what: str, position: int, states_read: bool, furthest: tuple | None, writes: dict) -> None:
+        """The write order, on any kind's record: no `states` read before, no later token read, writes increasing."""
+        if states_read:
             raise OrderError(order_hint(what, "states"))
-        if self.furthest is not None and self.furthest[0] > position:
-            raise OrderError(order_hint(what, f"{self.furthest[1]} had read a later token"))
-        if self.writes and max(self.writes) >= position:
-            raise OrderError(order_hint(what, f"set_state_after({max(self.writes)}, value)"))
+        if furthest is not None and furthest[0] > position:
+            raise OrderError(order_hint(what, f"{furthest[1]} had read a later token"))
+        if writes and max(writes) >= position:
+            raise OrderError(order_hint(what, f"set_state_after({max(writes)}, value)"))
 
     def positions(self, selection: Any, what: str) -> list[int]:
         """``selection`` (a sequence of ints, a range, a 1-d tensor) as positions of this call, in the order given."""

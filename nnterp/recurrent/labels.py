@@ -28,7 +28,7 @@ from typing import Any
 
 from nnsight.intervention.source import compiled, decorator_chain
 
-from ..core.errors import NnterpError
+from ..core.errors import UnsupportedRelease
 from ..core.local import LocalDict
 from .kernels import torch_function
 
@@ -90,7 +90,7 @@ def call_label(forward: Callable, function: str) -> str:
     pattern = re.compile(rf"^{re.escape(function)}_\d+$")
     found = [name for name in compiled(inner).names if pattern.match(name)]
     if not found:
-        raise NnterpError(missing(f"a call of `{function}`", inner))
+        raise UnsupportedRelease(missing(f"a call of `{function}`", inner))
     return found[0]
 
 
@@ -120,7 +120,7 @@ def bindings(kernel: Callable, variable: str, *, in_loop: bool) -> list[str]:
     ]
     if not found:
         where = "inside its token loop" if in_loop else "outside any loop"
-        raise NnterpError(missing(f"a binding of `{variable}` {where}", fn))
+        raise UnsupportedRelease(missing(f"a binding of `{variable}` {where}", fn))
     return found
 
 
@@ -150,7 +150,7 @@ def cache_test(forward: Callable, required: bool = True) -> str | None:
     asks = [call for call in calls if call.func.attr == "has_previous_state"]
     if not asks:
         if required:
-            raise NnterpError(missing("the cache test (`get_recurrent_state` or `has_previous_state`)", inner))
+            raise UnsupportedRelease(missing("the cache test (`get_recurrent_state` or `has_previous_state`)", inner))
         return None
     return "has_previous_state(layer)" if asks[0].args or asks[0].keywords else "has_previous_state()"
 

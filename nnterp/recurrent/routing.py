@@ -27,7 +27,7 @@ from typing import Any
 from nnsight.intervention.source import STATE
 
 from ..core.calls import in_trace
-from ..core.errors import NnterpError, RoutingError
+from ..core.errors import InvalidArgument, RoutingError, WrongType
 from ..core.interrupts import interrupts_held
 from ..core.local import LocalWeakSet
 from .kernels import STASH, compiled_package, torch_function
@@ -75,7 +75,7 @@ def family_of(target: Any) -> Any:
         return declared[-1]  # a family's file: the family it declares
     if isinstance(target, ModuleType) and target.__name__.startswith("transformers.models."):
         return _LiveFamily(target)
-    raise NnterpError(
+    raise WrongType(
         "route_kernels takes a family (model.family), a StandardizedTransformer or a family's transformers "
         f"modeling module (model.family.MODELING), got {type(target).__name__}"
         + (f" {target!r}" if isinstance(target, str) else "")
@@ -95,7 +95,7 @@ def mixers_of(family: Any) -> list[tuple[type, type]]:
         if hasattr(component, "CHUNK_FUNCTION") and hasattr(component, "find_labels")
     ]
     if not found and getattr(family, "MIXER", None) is None:
-        raise NnterpError(
+        raise InvalidArgument(
             f"{getattr(family, '__name__', family)} has no recurrent mixer to route: pass a recurrent family "
             "(model.family) or a model that has one"
         )
@@ -140,7 +140,7 @@ def route_kernels(family: Any, mode: str) -> Routing:
     restores the previous binding on exit.
     """
     if mode not in MODES:
-        raise NnterpError(f"route_kernels mode must be one of {MODES}, got {mode!r}")
+        raise InvalidArgument(f"route_kernels mode must be one of {MODES}, got {mode!r}")
     family = family_of(family)
     if in_trace():
         raise RoutingError(
@@ -177,7 +177,7 @@ def route_delta_rule(family: Any, mode: str) -> Routing:
     """
     modes = {"recurrent": "torch", "chunked": "default"}
     if mode not in modes:
-        raise NnterpError(f"route_delta_rule mode must be 'recurrent' or 'chunked', got {mode!r}")
+        raise InvalidArgument(f"route_delta_rule mode must be 'recurrent' or 'chunked', got {mode!r}")
     return route_kernels(family, modes[mode])
 
 

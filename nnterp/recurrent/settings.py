@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.calls import in_trace
-from ..core.errors import NnterpError, RoutingError, WrongType
+from ..core.errors import InvalidArgument, RoutingError, WrongType
 from ..core.interrupts import interrupts_held
 
 #: Attribute of a mixer envoy holding its per-token setting: ``None``, ``"fast"`` or ``"chunks"``.
@@ -115,7 +115,7 @@ def _mixers(model: Any, what: str) -> list:
 def _apply(model: Any, what: str, value: str, enabled: bool, applies: Callable[[Any], bool], none: str) -> Setting:
     mixers = [mixer for mixer in _mixers(model, what) if applies(mixer)]
     if not mixers:
-        raise NnterpError(none)
+        raise InvalidArgument(none)
     previous = [per_token_setting(mixer) for mixer in mixers]
     target = [value if enabled else (None if before == value else before) for before in previous]
     _store_all(mixers, target, previous)

@@ -31,6 +31,7 @@ import transformers
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, PreTrainedConfig
 
+from nnterp.core.errors import InvalidArgument
 from nnterp.families import MODEL_TYPES, REGISTRY
 from nnterp.testing.tokenizer import publish_dir, tiny_tokenizer, tokenizer_fingerprint
 
@@ -61,7 +62,7 @@ def tiny_config(model_type: str) -> PreTrainedConfig:
     ``vocab_size`` and special ids follow :func:`~nnterp.testing.tiny_tokenizer`.
     """
     if model_type not in REGISTRY:
-        raise ValueError(f"unknown model_type {model_type!r}; supported: {', '.join(MODEL_TYPES)}")
+        raise InvalidArgument(f"unknown model_type {model_type!r}; supported: {', '.join(MODEL_TYPES)}")
     return REGISTRY[model_type].tiny_config(model_type, **_tokens())
 
 

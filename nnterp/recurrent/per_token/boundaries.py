@@ -28,9 +28,9 @@ from typing import Any
 import torch
 
 from ...core.calls import forget, mediator, per_call, pinned
-from ...core.errors import OrderError, Unavailable
+from ...core.errors import Unavailable
 from ...core.values import check_expected
-from ..call import KERNEL_RAN, Call, order_hint
+from ..call import KERNEL_RAN, Call
 from ..gradients import fill, on_the_path, recording, tap
 from ..kernels import drill, needs_torch_kernels
 from ..settings import per_token_setting
@@ -125,16 +125,14 @@ class ChunkBoundaries(PerToken):
         call, states = self.boundaries(mixer)
         position = call.position(t, what)
         check_expected(what, value, *call.expected)
-        if call.furthest is not None and call.furthest[0] > position:
-            raise OrderError(order_hint(what, f"{call.furthest[1]} had read a later token"))
+        call.check_write_order(what, position, False, call.furthest, {})
         op, first = call.strategy["op"], call.strategy["first"]
         if call.decodes:
             call.check_open(what)
             mixer._write_state_output(value)  # the cache's buffer, after the step's own update
             updated = value[:, None]
         else:
-            if mediator().occurrence(f"{op.path}.output") > first:
-                raise OrderError(order_hint(what, "the scan had moved past its boundary states"))
+            call.check_reachable(f"{op.path}.output", first, what, "the scan had moved past its boundary states")
             with pinned(first):
                 current = op.output
             boundaries = current.clone()

@@ -55,11 +55,11 @@ import torch
 from nnsight.intervention.interleaver import Mediator
 
 from ...core.calls import mediator
-from ...core.errors import OrderError, Unavailable
+from ...core.errors import Unavailable
 from ...core.values import check_expected, replace_in
 from ...fast.buffers import empty_states
 from ..arguments import serve
-from ..call import Call, order_hint
+from ..call import Call
 from ..gradients import recording
 from ..kernels import bound, modeling_of, runs_pure_torch
 from .protocol import PerToken
@@ -231,14 +231,8 @@ class FromArguments(PerToken):
         if not call.strategy["served"]:
             # The first write skips the kernel call, so it must come before the call starts.
             call.check_not_started(what, "this call's kernel had already started (state_output, attention_output or a later value was read first)")
-        call.check_open(what)
-        if call.states_read:
-            raise OrderError(order_hint(what, "states"))
         # A read of this very position (read-modify-write) stays valid: the split leaves tokens up to it as computed.
-        if call.furthest is not None and call.furthest[0] > position:
-            raise OrderError(order_hint(what, call.furthest[1]))
-        if call.writes and max(call.writes) >= position:
-            raise OrderError(order_hint(what, f"set_state_after({max(call.writes)}, value)"))
+        call.check_write(position, what)
         read = call.strategy.get("read", {}).get(position)
         if read is not None and position not in call.writes and not recording(value) and torch.equal(value, read):
             # Writing back the state this call computes: the call already continues from it, bit for bit. Not under

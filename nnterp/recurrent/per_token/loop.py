@@ -88,15 +88,27 @@ class TokenLoop(PerToken):
         call = self.record(mixer)
         return TokenOp(call.strategy["op"], call.strategy["first"], call.seq)
 
+    @staticmethod
+    def _kept(call: Call, position: int) -> torch.Tensor | None:
+        """The state after ``position`` if it is the last one this call read: read again, it is served from here,
+        on every kind (RWKV's state is three bindings, the first of which the run has passed by the third)."""
+        kept = call.strategy.get("kept")
+        return kept[1] if kept is not None and kept[0] == position else None
+
     def _pinned(self, call: Call, position: int) -> torch.Tensor:
-        return call.mixer._token_state(call, call.strategy["first"] + position)
+        kept = self._kept(call, position)
+        if kept is None:
+            kept = call.mixer._token_state(call, call.strategy["first"] + position)
+            call.strategy["kept"] = (position, kept)
+        return kept
 
     def _reach(self, call: Call, position: int, what: str, op: Any = None) -> None:
-        call.reach(position, what, op or call.strategy["op"], call.strategy["first"])
+        call.reach(position, what, op or call.mixer._token_ops(call, position), call.strategy["first"])
 
     def states(self, mixer: Any) -> torch.Tensor:
         call = self.require(mixer, "states")
-        self._reach(call, 0, "states")
+        if self._kept(call, 0) is None:
+            self._reach(call, 0, "states")
         out: list = []
         collect = None
         for position in range(call.seq):
@@ -119,7 +131,8 @@ class TokenLoop(PerToken):
         position = call.position(t, what)
         if position in call.writes:
             return call.writes[position]
-        self._reach(call, position, what)
+        if self._kept(call, position) is None:
+            self._reach(call, position, what)
         return self._pinned(call, position)
 
     def set_state_after(self, mixer: Any, t: int, value: torch.Tensor) -> None:
@@ -135,6 +148,7 @@ class TokenLoop(PerToken):
         else:
             mixer._write_state_output(value)
         call.writes[position] = value
+        call.strategy.pop("kept", None)
         call.advance(position + 1, what)
 
     def location(self, mixer: Any) -> str:
