@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .core.errors import NnterpError
+from .core.errors import NnterpError, WrongType
 
 __all__ = [
     "logit_lens",
@@ -49,6 +49,17 @@ def _local(remote: bool) -> None:
         )
 
 
+def _the_model(function: str, model: Any, nn_model: Any, **required: Any) -> Any:
+    """The model a helper was given, as nnterp's ``model`` or as 1.x's keyword ``nn_model=``; refuse neither or both."""
+    if (model is None) == (nn_model is None):
+        given = "both `model` and `nn_model`" if model is not None else "no model"
+        raise WrongType(f"{function}() got {given}: pass the model once, first (or as `model=` / 1.x's `nn_model=`)")
+    missing = [name for name, value in required.items() if value is None]
+    if missing:
+        raise WrongType(f"{function}() missing required argument{'s' if len(missing) > 1 else ''}: {', '.join(map(repr, missing))}")
+    return model if model is not None else nn_model
+
+
 def _layers(model: Any, layers: int | list[int] | None) -> list[int]:
     if layers is None:
         return list(range(model.num_layers))
@@ -56,11 +67,18 @@ def _layers(model: Any, layers: int | list[int] | None) -> list[int]:
     return [layer % model.num_layers for layer in layers]
 
 
-def logit_lens(model: Any, prompts: str | list[str], remote: bool = False, return_inv_logits: bool = False) -> Any:
+def logit_lens(
+    model: Any = None,
+    prompts: str | list[str] | None = None,
+    remote: bool = False,
+    return_inv_logits: bool = False,
+    *,
+    nn_model: Any = None,
+) -> Any:
     """Next-token probabilities at the last token of each prompt, read from every layer's output.
 
     Args:
-        model: a `StandardizedTransformer`.
+        model: a `StandardizedTransformer` (``nn_model=``: 1.x's name for it).
         prompts: a prompt or a list of prompts (left-padded together).
         return_inv_logits: also return the probabilities of the negated (normed) hidden states.
 
@@ -68,6 +86,7 @@ def logit_lens(model: Any, prompts: str | list[str], remote: bool = False, retur
         ``[prompts, layers, vocab]`` probabilities on the CPU (and the inverse ones).
         At the last layer they are ``model.next_token_probs``.
     """
+    model = _the_model("logit_lens", model, nn_model, prompts=prompts)
     with torch.no_grad():  # a block, not a decorator: a server rebuilds the bare function
         _local(remote)
         probs: list = []
@@ -142,16 +161,19 @@ class TargetPromptBatch:
 
 
 def patchscope_lens(
-    model: Any,
+    model: Any = None,
     source_prompts: str | list[str] | None = None,
     target_patch_prompts: TargetPromptBatch | list[TargetPrompt] | TargetPrompt | None = None,
     layers: int | list[int] | None = None,
     latents: torch.Tensor | None = None,
     remote: bool = False,
+    *,
+    nn_model: Any = None,
 ) -> torch.Tensor:
     """Patch each source prompt's last-token residual stream at each layer into the target prompt; read its next-token probabilities.
 
     Args:
+        model: a `StandardizedTransformer` (``nn_model=``: 1.x's name for it).
         source_prompts: where the hidden states come from (their last token), or give ``latents``.
         target_patch_prompts: the prompt(s) patched at ``index_to_patch`` (`repeat_prompt` by default).
         layers: the layers to patch at (all by default); the target is patched at the same layer.
@@ -160,6 +182,7 @@ def patchscope_lens(
     Returns:
         ``[sources, layers, vocab]`` probabilities on the CPU.
     """
+    model = _the_model("patchscope_lens", model, nn_model)
     with torch.no_grad():  # a block, not a decorator: a server rebuilds the bare function
         _local(remote)
         if target_patch_prompts is None:
@@ -219,7 +242,7 @@ def _per_token(envoy: Any, spec: str) -> bool:
 
 
 def get_token_activations(
-    model: Any,
+    model: Any = None,
     prompts: str | list[str] | None = None,
     layers: int | list[int] | None = None,
     get_activations: Callable[[Any, int], Any] | None = None,
@@ -227,6 +250,8 @@ def get_token_activations(
     idx: int | None = None,
     tracer: Any = None,
     values: str | list[str] | None = None,
+    *,
+    nn_model: Any = None,
 ) -> Any:
     """One token's activations (the last by default) of each prompt, at each layer.
 
@@ -239,7 +264,9 @@ def get_token_activations(
     ``idx`` where the value is documented ``[batch, seq, ...]`` (a value without a sequence axis, a recurrent state, whole).
     Batched prompts are left-padded, so ``idx=-1`` is every prompt's last token.
     Inside a trace, pass ``tracer=`` and no prompts: the values come back unsaved.
+    ``nn_model=`` is 1.x's name for ``model``.
     """
+    model = _the_model("get_token_activations", model, nn_model)
     with torch.no_grad():  # a block, not a decorator: a server rebuilds the bare function
         _local(remote)
         if tracer is None and prompts is None:
@@ -292,9 +319,9 @@ def get_token_activations(
 
 
 def collect_token_activations_batched(
-    model: Any,
-    prompts: list[str],
-    batch_size: int,
+    model: Any = None,
+    prompts: list[str] | None = None,
+    batch_size: int | None = None,
     layers: int | list[int] | None = None,
     get_activations: Callable[[Any, int], Any] | None = None,
     remote: bool = False,
@@ -302,13 +329,16 @@ def collect_token_activations_batched(
     tqdm: Any = None,
     use_session: bool = True,
     values: str | list[str] | None = None,
+    *,
+    nn_model: Any = None,
 ) -> Any:
     """`get_token_activations` over ``prompts`` in batches of ``batch_size``, concatenated along the prompts.
 
     ``tqdm``: a progress bar factory (``tqdm.auto.tqdm``), ``True`` for
     ``tqdm.auto.tqdm``, or ``None`` for none. ``use_session`` is accepted for
-    1.x's signature (it mattered remotely only).
+    1.x's signature (it mattered remotely only); ``nn_model=`` is 1.x's name for ``model``.
     """
+    model = _the_model("collect_token_activations_batched", model, nn_model, prompts=prompts, batch_size=batch_size)
     _local(remote)
     starts: Any = range(0, len(prompts), batch_size)
     if tqdm is True:
