@@ -61,11 +61,11 @@ def _layers(model: Any, layers: int | list[int] | None) -> list[int]:
     return [layer % model.num_layers for layer in layers]
 
 
-def logit_lens(model: Any, prompts: str | list[str], remote: bool = False, return_inv_logits: bool = False) -> Any:
+def logit_lens(nn_model: Any, prompts: str | list[str], remote: bool = False, return_inv_logits: bool = False) -> Any:
     """Next-token probabilities at the last token of each prompt, read from every layer's output.
 
     Args:
-        model: a `StandardizedTransformer`.
+        nn_model: a `StandardizedTransformer` (1.x's keyword name).
         prompts: a prompt or a list of prompts (left-padded together).
         return_inv_logits: also return the probabilities of the negated (normed) hidden states.
 
@@ -73,6 +73,7 @@ def logit_lens(model: Any, prompts: str | list[str], remote: bool = False, retur
         ``[prompts, layers, vocab]`` probabilities on the CPU (and the inverse ones).
         At the last layer they are ``model.next_token_probs``.
     """
+    model = nn_model
     with torch.no_grad():  # a block, not a decorator: a server rebuilds the bare function
         _local(remote)
         probs: list = []
@@ -147,7 +148,7 @@ class TargetPromptBatch:
 
 
 def patchscope_lens(
-    model: Any,
+    nn_model: Any,
     source_prompts: str | list[str] | None = None,
     target_patch_prompts: TargetPromptBatch | list[TargetPrompt] | TargetPrompt | None = None,
     layers: int | list[int] | None = None,
@@ -165,6 +166,7 @@ def patchscope_lens(
     Returns:
         ``[sources, layers, vocab]`` probabilities on the CPU.
     """
+    model = nn_model  # 1.x's keyword name
     with torch.no_grad():  # a block, not a decorator: a server rebuilds the bare function
         _local(remote)
         if target_patch_prompts is None:
@@ -409,10 +411,8 @@ def patchscope_generate(
                     with tracer.invoke([target_patch_prompt.prompt] * len(prompts)):
                         output = get_layer_output(nn_model, layer)
                         output[:, target_patch_prompt.index_to_patch] = hiddens[index].to(device=output.device, dtype=output.dtype)
-                result = tracer.result.save()
-            for row, (_, layer) in enumerate(chunk):
-                generations[layer] = result[row * len(prompts):(row + 1) * len(prompts)].cpu()
-        return generations
+                        generations[layer] = tracer.result.save()  # this invoke's rows
+        return {layer: generated.cpu() for layer, generated in generations.items()}
 
 
 def patch_object_attn_lens(
