@@ -13,14 +13,17 @@ from .core.errors import (
     DeviceError,
     DtypeError,
     EmptyPrompt,
+    InvalidArgument,
     NnterpError,
     NotInTrace,
     OrderError,
     OutOfVocabulary,
     PositionError,
     ReadOnlyValue,
+    RenamingError,
     RoutingError,
     ShapeError,
+    TokenizationError,
     Unavailable,
     UnsupportedModel,
     WrongType,
@@ -51,8 +54,24 @@ __all__ = [
     "PositionError",
     "EmptyPrompt",
     "OutOfVocabulary",
+    "InvalidArgument",
+    "RenamingError",
+    "TokenizationError",
+    "get_rename_dict",
+    "ModuleAccessor",
 ]
 
+
+#: nnterp 1.x's top-level names, imported on first use (``import nnterp`` stays light).
+_ONEX = {"get_rename_dict": "nnterp.rename_utils", "ModuleAccessor": "nnterp.nnsight_utils"}
+
+
+def __getattr__(name: str):
+    if name in _ONEX:
+        import importlib
+
+        return getattr(importlib.import_module(_ONEX[name]), name)
+    raise AttributeError(f"module 'nnterp' has no attribute {name!r}")
 
 
 def _version() -> str:

@@ -16,6 +16,9 @@ torch's and numpy's own; each names what was expected and what came:
     PositionError  (NnterpError, IndexError)  a token position outside the call (or the prompts)
     EmptyPrompt    (NnterpError, ValueError)  a prompt, or a batch row, with no tokens
     OutOfVocabulary(NnterpError, ValueError)  a token id outside the model's vocabulary
+    InvalidArgument(NnterpError, ValueError)  an argument outside what the function accepts, two that exclude each other
+    RenamingError  (NnterpError, ValueError)  nnterp 1.x's: a model whose modules are not where the names say
+    TokenizationError(NnterpError, ValueError) nnterp 1.x's: a word whose first token cannot be found
 """
 
 from __future__ import annotations
@@ -89,3 +92,16 @@ class EmptyPrompt(NnterpError, ValueError):
 
 class OutOfVocabulary(NnterpError, ValueError):
     """A token id outside ``0 .. vocabulary size - 1``."""
+
+
+class InvalidArgument(NnterpError, ValueError):
+    """An argument of the right type outside what the function accepts: an unknown mode or name, two arguments
+    that exclude each other, a layer without the part the function needs, a model without the mixers it sets."""
+
+
+class RenamingError(NnterpError, ValueError):
+    """nnterp 1.x's error (``nnterp.rename_utils.RenamingError``): a module or value is not where its standard name says."""
+
+
+class TokenizationError(NnterpError, ValueError):
+    """nnterp 1.x's error (``nnterp.prompt_utils.TokenizationError``): the first token of a word cannot be isolated."""
