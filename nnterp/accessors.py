@@ -298,8 +298,12 @@ _REFUSED = {
     "rename_config": "nnterp does not rename by configuration: a new architecture is a family, nnterp/families/<model_type>.py",
     "allow_multimodal": "nnterp serves the text stack of the composites it has a family for (gemma3, qwen3_5); drop the keyword",
 }
-#: 1.x keywords that only tuned 1.x's load-time check, accepted and ignored.
-_IGNORED = ("allow_dispatch", "check_attn_probs_with_trace")
+#: 1.x keywords accepted and ignored: the two tuned 1.x's load-time check; the ``*_rename`` ones are
+#: pre-1.3 spellings of a module's name, which 1.3.0 no longer read (its test passes one and expects a load).
+_IGNORED = (
+    "allow_dispatch", "check_attn_probs_with_trace",
+    "attn_rename", "mlp_rename", "ln_final_rename", "lm_head_rename", "model_rename", "layers_rename",
+)
 
 
 def constructor_keywords(config: Any, kwargs: dict) -> tuple[bool, bool]:

@@ -73,21 +73,23 @@ class AttentionProbabilities(LayerAccessor):
         """Check layer ``layer``'s weights on a prompt: ``[batch, heads, seq, seq]``, rows summing to 1, and a write changes the logits.
 
         ``use_trace=False`` checks the shape only, under ``model.scan`` (no
-        weights run). ``allow_dispatch`` is 1.x's and has no effect: a trace
-        loads the weights when it needs them. Raises `ShapeError` or
+        weights run), or a trace where the family cannot run on fake tensors
+        and ``allow_dispatch`` (as in 1.x). Raises `ShapeError` or
         `NnterpError` naming what is wrong.
         """
         layer = self._layer(layer)
         found: dict = {}  # filled inside the traces: a trace body's own locals do not outlive it unsaved
-        with torch.no_grad(), self.model.scan(_CHECK_PROMPT) if not use_trace else self.model.trace(_CHECK_PROMPT):
-            found["input"] = tuple(self.model.input_size)  # the input first: nnsight reads in execution order
-            probs = self[layer]
+
+        def read(probs: Any) -> None:
             found["shape"] = tuple(probs.shape)
             if use_trace:
                 found["sums"] = probs.sum(-1).save()
                 noise = torch.rand_like(probs) + 0.1
                 self[layer] = noise / noise.sum(-1, keepdim=True)
                 found["changed"] = self.model.logits.save()
+
+        with torch.no_grad():
+            self._run(layer, read, scan=not use_trace, allow_dispatch=allow_dispatch, found=found)
         self._check_shape(found["shape"], *found["input"], layer)
         if not use_trace:
             return
@@ -104,8 +106,30 @@ class AttentionProbabilities(LayerAccessor):
         if shape != expected:
             raise ShapeError(f"attention_probabilities[{layer}] has shape {shape}, expected (batch, heads, seq, seq) = {expected}")
 
+    def _run(self, layer: int, body: Any, scan: bool, allow_dispatch: bool, found: dict) -> None:
+        """``body(layer's probabilities)`` under ``model.scan``, else (or where scan fails and ``allow_dispatch``) a trace."""
+        def run(tracer: Any) -> None:
+            with tracer:
+                found["input"] = tuple(self.model.input_size)  # the input first: nnsight reads in execution order
+                body(self[layer])
+
+        if scan:
+            try:
+                run(self.model.scan(_CHECK_PROMPT))
+                return
+            except NnterpError:
+                raise
+            except Exception:  # a family fake tensors cannot run (a grouped-matmul MoE): 1.x's try_with_scan
+                if not allow_dispatch:
+                    raise
+        run(self.model.trace(_CHECK_PROMPT))
+
     def print_source(self, layer: int | None = None, allow_dispatch: bool = True) -> None:
-        """Print the call whose first argument the weights are, then the whole function it is in (``allow_dispatch``: 1.x's, no effect)."""
+        """Print the call whose first argument the weights are, then the whole function it is in.
+
+        Read under ``model.scan`` (nnsight serves a called function's source
+        only inside a trace), or a trace where scan fails and ``allow_dispatch``.
+        """
         from .components.attention import probability_labels
 
         self._check_enabled()
@@ -115,9 +139,12 @@ class AttentionProbabilities(LayerAccessor):
             raise Unavailable("attention_probabilities", f"layer {layer} of {self.model.family.NAME} has no softmax attention")
         interface, matmul = probability_labels(type(attention._module))
         found: dict = {}
-        with self.model.scan(_CHECK_PROMPT):  # nnsight serves a called function's source only inside a trace
+
+        def read(_: Any) -> None:
             source = getattr(self.model.layers[layer].self_attn.source, interface).source
             found["call"], found["function"] = str(getattr(source, matmul)), str(source)
+
+        self._run(layer, read, scan=True, allow_dispatch=allow_dispatch, found=found)
         print("Accessing attention probabilities from:")
         print(found["call"])
         print("\n\nFull module source:")

@@ -130,8 +130,9 @@ def test_helpers_take_1x_nn_model_keyword(load):
         patchscope_lens(model, source_prompts=prompts, layers=[0, 1]), rtol=0, atol=0,
     )
     torch.testing.assert_close(get_token_activations(nn_model=model, prompts=prompts), get_token_activations(model, prompts), rtol=0, atol=0)
+    torch.testing.assert_close(logit_lens(model=model, prompts=prompts), logit_lens(model, prompts), rtol=0, atol=0)
     with pytest.raises(TypeError, match="both"):
-        logit_lens(model, prompts, nn_model=model)
+        logit_lens(model, prompts, model=model)
     with pytest.raises(TypeError, match="prompts"):
         logit_lens(nn_model=model)
 
