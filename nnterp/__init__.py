@@ -21,9 +21,11 @@ from .core.errors import (
     OutOfVocabulary,
     PositionError,
     ReadOnlyValue,
+    RenamingError,
     RoutingError,
     ShapeError,
     SignatureError,
+    TokenizationError,
     Unavailable,
     UnsupportedModel,
     UnsupportedRelease,
@@ -59,8 +61,24 @@ __all__ = [
     "PositionError",
     "EmptyPrompt",
     "OutOfVocabulary",
+    "InvalidArgument",
+    "RenamingError",
+    "TokenizationError",
+    "get_rename_dict",
+    "ModuleAccessor",
 ]
 
+
+#: nnterp 1.x's top-level names, imported on first use (``import nnterp`` stays light).
+_ONEX = {"get_rename_dict": "nnterp.rename_utils", "ModuleAccessor": "nnterp.nnsight_utils"}
+
+
+def __getattr__(name: str):
+    if name in _ONEX:
+        import importlib
+
+        return getattr(importlib.import_module(_ONEX[name]), name)
+    raise AttributeError(f"module 'nnterp' has no attribute {name!r}")
 
 
 def _version() -> str:

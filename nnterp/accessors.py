@@ -30,6 +30,7 @@ block's mixer) raises `InvalidArgument` (a ValueError) naming the layer.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -138,7 +139,7 @@ class OneXInterface:
     mlps = _Accessor()
     mlps_input = _Accessor()
     mlps_output = _Accessor()
-    attention_probabilities = _Accessor()
+    # attention_probabilities: `nnterp.attention_probabilities.AttentionProbabilities`, set on StandardizedTransformer
 
     @property
     def _text_config(self) -> Any:
@@ -166,8 +167,28 @@ class OneXInterface:
 
     @property
     def attn_probs_available(self) -> bool:
-        """Whether ``attention_probabilities`` can be served (the model runs eager attention)."""
-        return getattr(self._text_config, "_attn_implementation", None) == "eager"
+        """Whether ``attention_probabilities`` can be served: ``attention_probabilities.enabled`` (eager attention, not disabled)."""
+        return self.attention_probabilities.enabled
+
+    @property
+    def _model(self) -> Any:
+        """The wrapped transformers model (nnsight 0.5's name, which 1.x code reads: ``model._model.config``); ``_module`` in nnsight 0.8."""
+        return self._module
+
+    def detect_layer_output_type(self) -> None:
+        """1.x's detection of whether a block returns a tuple; nothing to detect here: every standard value is unwrapped."""
+
+    @property
+    def add_prefix_false_tokenizer(self) -> Any:
+        """The model's tokenizer loaded again with ``add_prefix_space=False`` (1.x's; loaded once)."""
+        cached = self.__dict__.get("_add_prefix_false_tokenizer")
+        if cached is None:
+            from transformers import AutoTokenizer
+
+            source = self.repo_id if isinstance(self.repo_id, str) else self.tokenizer.name_or_path
+            cached = AutoTokenizer.from_pretrained(source, add_prefix_space=False)
+            object.__setattr__(self, "_add_prefix_false_tokenizer", cached)
+        return cached
 
     @property
     def input_ids(self) -> Any:
@@ -236,13 +257,15 @@ class OneXInterface:
         """Add ``factor * steering_vector`` to the residual stream after each of ``layers``, inside a trace.
 
         ``layers_output[layer] += factor * steering_vector``, at
-        ``token_positions`` (``positions``: its older name) and ``batch_index``
-        where given, everywhere otherwise. In ``generate``, call it inside
-        ``tracer.iter[...]`` / ``tracer.all()`` to steer every step.
+        ``token_positions`` and ``batch_index`` where given, everywhere
+        otherwise. ``positions`` is ``token_positions``' deprecated name, and
+        warns as in 1.x. In ``generate``, call it inside ``tracer.iter[...]``
+        / ``tracer.all()`` to steer every step.
         """
         if positions is not None:
             if token_positions is not None:
                 raise InvalidArgument("pass one of `positions` and `token_positions` (the same argument, 1.x's older and newer name)")
+            warnings.warn("`positions` is deprecated, use `token_positions` instead.", DeprecationWarning, stacklevel=2)
             token_positions = positions
         if not isinstance(steering_vector, torch.Tensor):
             raise WrongType(f"steer takes steering_vector as a tensor of shape [{self.hidden_size}], got {type(steering_vector).__name__}")
@@ -279,7 +302,7 @@ class OneXInterface:
         """Skip layer ``layer``: its output is ``skip_with`` (its own input by default), inside a trace."""
         self.skip_layers(layer, layer, skip_with)
 
-    def skip_layers(self, start_layer: int, end_layer: int, skip_with: Any = None) -> None:
+    def skip_layers(self, start_layer: int, end_layer: int, skip_with: Any = None, layer_returns_tuple: bool | None = None) -> None:
         """Skip layers ``start_layer`` to ``end_layer`` (inclusive): the residual stream leaving ``end_layer`` is ``skip_with``.
 
         ``skip_with`` defaults to the input of ``start_layer``, so the model
@@ -288,6 +311,8 @@ class OneXInterface:
         returns a tuple, which nnsight's ``skip`` would need to rebuild);
         their outputs are replaced, which gives every later value a forward
         without them would give (their own caches still advance).
+        ``layer_returns_tuple`` is 1.x's and has no effect: ``skip_with`` is
+        the residual stream, and the block's tuple is rebuilt around it.
         """
         n = self.num_layers
         first, last = (layer + n if -n <= layer < 0 else layer for layer in (start_layer, end_layer))
@@ -307,8 +332,12 @@ _REFUSED = {
     "rename_config": "nnterp does not rename by configuration: a new architecture is a family, nnterp/families/<model_type>.py",
     "allow_multimodal": "nnterp serves the text stack of the composites it has a family for (gemma3, qwen3_5); drop the keyword",
 }
-#: 1.x keywords that only tuned 1.x's load-time check, accepted and ignored.
-_IGNORED = ("allow_dispatch", "check_attn_probs_with_trace")
+#: 1.x keywords accepted and ignored: the two tuned 1.x's load-time check; the ``*_rename`` ones are
+#: pre-1.3 spellings of a module's name, which 1.3.0 no longer read (its test passes one and expects a load).
+_IGNORED = (
+    "allow_dispatch", "check_attn_probs_with_trace",
+    "attn_rename", "mlp_rename", "ln_final_rename", "lm_head_rename", "model_rename", "layers_rename",
+)
 
 
 def constructor_keywords(config: Any, kwargs: dict) -> tuple[bool, bool]:

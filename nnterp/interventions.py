@@ -6,7 +6,9 @@ Same names, signatures and semantics as ``nnterp.interventions`` and
 * `logit_lens`: ``[prompts, layers, vocab]`` next-token probabilities read
   from every layer's output at the last token (the family's final norm,
   unembedding, logits scale and softcap: ``model.project_on_vocab``).
-* `patchscope_lens` with `TargetPrompt` / `repeat_prompt` / `TargetPromptBatch`.
+* `patchscope_lens` with `TargetPrompt` / `repeat_prompt` / `it_repeat_prompt` /
+  `TargetPromptBatch`; `patchscope_generate` (generations from the patched
+  prompt) and `patch_object_attn_lens` (a source's attention input patched in).
 * `get_token_activations` / `collect_token_activations_batched`: one token's
   activations per prompt and layer; with ``values=`` any standard value
   (``"layer_output"``, ``"self_attn.attention_output"``, ``"mlp.mlp_output"``,
@@ -31,8 +33,11 @@ __all__ = [
     "logit_lens",
     "TargetPrompt",
     "repeat_prompt",
+    "it_repeat_prompt",
     "TargetPromptBatch",
     "patchscope_lens",
+    "patchscope_generate",
+    "patch_object_attn_lens",
     "get_token_activations",
     "collect_token_activations_batched",
 ]
@@ -49,6 +54,17 @@ def _local(remote: bool) -> None:
         )
 
 
+def _the_model(function: str, nn_model: Any, model: Any, **required: Any) -> Any:
+    """The model a helper was given: first (1.x's ``nn_model``, by position or keyword) or as ``model=``; refuse neither or both."""
+    if (nn_model is None) == (model is None):
+        given = "both `nn_model` and `model`" if model is not None else "no model"
+        raise WrongType(f"{function}() got {given}: pass the model once, first (or as `nn_model=`, 1.x's keyword, or `model=`)")
+    missing = [name for name, value in required.items() if value is None]
+    if missing:
+        raise WrongType(f"{function}() missing required argument{'s' if len(missing) > 1 else ''}: {', '.join(map(repr, missing))}")
+    return nn_model if nn_model is not None else model
+
+
 def _layers(model: Any, layers: int | list[int] | None) -> list[int]:
     if layers is None:
         return list(range(model.num_layers))
@@ -56,11 +72,18 @@ def _layers(model: Any, layers: int | list[int] | None) -> list[int]:
     return [layer % model.num_layers for layer in layers]
 
 
-def logit_lens(model: Any, prompts: str | list[str], remote: bool = False, return_inv_logits: bool = False) -> Any:
+def logit_lens(
+    nn_model: Any = None,
+    prompts: str | list[str] | None = None,
+    remote: bool = False,
+    return_inv_logits: bool = False,
+    *,
+    model: Any = None,
+) -> Any:
     """Next-token probabilities at the last token of each prompt, read from every layer's output.
 
     Args:
-        model: a `StandardizedTransformer`.
+        nn_model: a `StandardizedTransformer` (1.x's name, first; ``model=`` also takes it).
         prompts: a prompt or a list of prompts (left-padded together).
         return_inv_logits: also return the probabilities of the negated (normed) hidden states.
 
@@ -68,6 +91,7 @@ def logit_lens(model: Any, prompts: str | list[str], remote: bool = False, retur
         ``[prompts, layers, vocab]`` probabilities on the CPU (and the inverse ones).
         At the last layer they are ``model.next_token_probs``.
     """
+    model = _the_model("logit_lens", nn_model, model, prompts=prompts)
     with torch.no_grad():  # a block, not a decorator: a server rebuilds the bare function
         _local(remote)
         probs: list = []
@@ -142,16 +166,19 @@ class TargetPromptBatch:
 
 
 def patchscope_lens(
-    model: Any,
+    nn_model: Any = None,
     source_prompts: str | list[str] | None = None,
     target_patch_prompts: TargetPromptBatch | list[TargetPrompt] | TargetPrompt | None = None,
     layers: int | list[int] | None = None,
     latents: torch.Tensor | None = None,
     remote: bool = False,
+    *,
+    model: Any = None,
 ) -> torch.Tensor:
     """Patch each source prompt's last-token residual stream at each layer into the target prompt; read its next-token probabilities.
 
     Args:
+        nn_model: a `StandardizedTransformer` (1.x's name, first; ``model=`` also takes it).
         source_prompts: where the hidden states come from (their last token), or give ``latents``.
         target_patch_prompts: the prompt(s) patched at ``index_to_patch`` (`repeat_prompt` by default).
         layers: the layers to patch at (all by default); the target is patched at the same layer.
@@ -160,6 +187,7 @@ def patchscope_lens(
     Returns:
         ``[sources, layers, vocab]`` probabilities on the CPU.
     """
+    model = _the_model("patchscope_lens", nn_model, model)
     with torch.no_grad():  # a block, not a decorator: a server rebuilds the bare function
         _local(remote)
         if target_patch_prompts is None:
@@ -219,7 +247,7 @@ def _per_token(envoy: Any, spec: str) -> bool:
 
 
 def get_token_activations(
-    model: Any,
+    nn_model: Any = None,
     prompts: str | list[str] | None = None,
     layers: int | list[int] | None = None,
     get_activations: Callable[[Any, int], Any] | None = None,
@@ -227,6 +255,8 @@ def get_token_activations(
     idx: int | None = None,
     tracer: Any = None,
     values: str | list[str] | None = None,
+    *,
+    model: Any = None,
 ) -> Any:
     """One token's activations (the last by default) of each prompt, at each layer.
 
@@ -239,7 +269,9 @@ def get_token_activations(
     ``idx`` where the value is documented ``[batch, seq, ...]`` (a value without a sequence axis, a recurrent state, whole).
     Batched prompts are left-padded, so ``idx=-1`` is every prompt's last token.
     Inside a trace, pass ``tracer=`` and no prompts: the values come back unsaved.
+    ``nn_model`` (first) is 1.x's name for the model; ``model=`` also takes it.
     """
+    model = _the_model("get_token_activations", nn_model, model)
     with torch.no_grad():  # a block, not a decorator: a server rebuilds the bare function
         _local(remote)
         if tracer is None and prompts is None:
@@ -292,9 +324,9 @@ def get_token_activations(
 
 
 def collect_token_activations_batched(
-    model: Any,
-    prompts: list[str],
-    batch_size: int,
+    nn_model: Any = None,
+    prompts: list[str] | None = None,
+    batch_size: int | None = None,
     layers: int | list[int] | None = None,
     get_activations: Callable[[Any, int], Any] | None = None,
     remote: bool = False,
@@ -302,13 +334,16 @@ def collect_token_activations_batched(
     tqdm: Any = None,
     use_session: bool = True,
     values: str | list[str] | None = None,
+    *,
+    model: Any = None,
 ) -> Any:
     """`get_token_activations` over ``prompts`` in batches of ``batch_size``, concatenated along the prompts.
 
     ``tqdm``: a progress bar factory (``tqdm.auto.tqdm``), ``True`` for
     ``tqdm.auto.tqdm``, or ``None`` for none. ``use_session`` is accepted for
-    1.x's signature (it mattered remotely only).
+    1.x's signature (it mattered remotely only); ``nn_model`` (first) is 1.x's name for the model; ``model=`` also takes it.
     """
+    model = _the_model("collect_token_activations_batched", nn_model, model, prompts=prompts, batch_size=batch_size)
     _local(remote)
     starts: Any = range(0, len(prompts), batch_size)
     if tqdm is True:
@@ -325,3 +360,116 @@ def collect_token_activations_batched(
         spec: {layer: torch.cat([batch[spec][layer] for batch in batches]) for layer in batches[0][spec]}
         for spec in batches[0]
     }
+
+
+def it_repeat_prompt(
+    tokenizer: Any,
+    words: list[str] | None = None,
+    rel: str = " ",
+    sep: str = "\n",
+    placeholder: str = "?",
+    complete_prompt: bool = True,
+    add_user_instr: bool = True,
+    use_system_prompt: bool = True,
+) -> TargetPrompt:
+    """`repeat_prompt` in the tokenizer's chat template, for instruction-tuned models; patched at the last token.
+
+    ``add_user_instr``: a user turn explains the task and the assistant
+    answers "Ok." before the prompt; ``use_system_prompt``: a system turn
+    (the task in it without ``add_user_instr``); ``complete_prompt``: the
+    assistant's turn starts with the prompt itself (else it is empty).
+    """
+    prompt = repeat_prompt(words, rel, sep, placeholder).prompt
+    answer = {"role": "assistant", "content": prompt if complete_prompt else ""}
+    chat: list = []
+    if add_user_instr:
+        if use_system_prompt:
+            chat.append({"role": "system", "content": "You are a helpful assistant."})
+        chat += [
+            {"role": "user", "content": "I will provide you with a series of sentences. Your task is to guess the next word in the sentence. You must answer with the next word only."},
+            {"role": "assistant", "content": "Ok."},
+            {"role": "user", "content": prompt},
+            answer,
+        ]
+    elif use_system_prompt:
+        chat += [
+            {"role": "system", "content": "The user will provide you with a sentence. Your task is to guess the next word in the sentence. You must answer with the next word only."},
+            {"role": "user", "content": prompt},
+            answer,
+        ]
+    else:
+        chat += [{"role": "user", "content": f"Guess the next word in the following sentence (answer only the next word): {prompt}"}, answer]
+    text = tokenizer.apply_chat_template(chat, tokenize=False, continue_final_message=True, add_special_tokens=False)
+    return TargetPrompt(text, -1)
+
+
+def patchscope_generate(
+    nn_model: Any,
+    prompts: list[str] | str,
+    target_patch_prompt: TargetPrompt,
+    max_length: int = 50,
+    layers: list[int] | None = None,
+    remote: bool = False,
+    max_batch_size: int = 32,
+) -> dict[int, torch.Tensor]:
+    """Generate from ``target_patch_prompt`` with its ``index_to_patch`` token's residual stream replaced, at each layer, by each prompt's last token's.
+
+    Returns ``{layer: [prompts, target tokens + max_length]}`` token ids on
+    the CPU (the target prompt and up to ``max_length`` new tokens; the patch
+    is applied on the prompt's forward). Layers run ``max_batch_size //
+    len(prompts)`` at a time, one invoke each, in one ``generate``.
+    """
+    from .nnsight_utils import get_layer_output, get_num_layers
+    from .nnsight_utils import get_token_activations as layer_activations
+
+    with torch.no_grad():
+        prompts = [prompts] if isinstance(prompts, str) else prompts
+        if len(prompts) > max_batch_size:
+            from .logging import logger
+
+            logger.warning(f"Number of prompts ({len(prompts)}) exceeds max_batch_size ({max_batch_size}). This may cause memory errors.")
+        layers = list(range(get_num_layers(nn_model))) if layers is None else list(layers)
+        hiddens = layer_activations(nn_model, prompts, layers=layers, remote=remote)
+        generations: dict = {}
+        per_run = max(max_batch_size // len(prompts), 1)
+        for start in range(0, len(layers), per_run):
+            chunk = list(enumerate(layers))[start:start + per_run]
+            with nn_model.generate(max_new_tokens=max_length, remote=remote) as tracer:
+                for index, layer in chunk:
+                    with tracer.invoke([target_patch_prompt.prompt] * len(prompts)):
+                        output = get_layer_output(nn_model, layer)
+                        output[:, target_patch_prompt.index_to_patch] = hiddens[index].to(device=output.device, dtype=output.dtype)
+                        generations[layer] = tracer.result.save()  # this invoke's rows
+        return {layer: generated.cpu() for layer, generated in generations.items()}
+
+
+def patch_object_attn_lens(
+    nn_model: Any,
+    source_prompts: list[str] | str,
+    target_prompts: list[str] | str,
+    attn_idx_patch: int,
+    num_patches: int = 5,
+) -> torch.Tensor:
+    """Next-token probabilities of ``target_prompts`` with the attention input at ``attn_idx_patch`` replaced by the source's last token's.
+
+    For each layer ``l``, the attention (token mixer) inputs of layers ``l``
+    to ``l + num_patches - 1`` are patched with those of the source prompts'
+    last token (one source for every target, or one each). Returns
+    ``[targets, layers, vocab]`` on the CPU.
+    """
+    from .nnsight_utils import get_attention, get_next_token_probs, get_num_layers
+    from .nnsight_utils import get_token_activations as layer_activations
+
+    with torch.no_grad():
+        source_prompts = [source_prompts] if isinstance(source_prompts, str) else source_prompts
+        target_prompts = [target_prompts] if isinstance(target_prompts, str) else target_prompts
+        num_layers = get_num_layers(nn_model)
+        sources = layer_activations(nn_model, source_prompts, get_activations=lambda model, layer: get_attention(model, layer).input)
+        probs = []
+        for layer in range(num_layers):
+            with nn_model.trace(target_prompts):
+                for patched in range(layer, min(num_layers, layer + num_patches)):
+                    hidden = get_attention(nn_model, patched).input
+                    hidden[:, attn_idx_patch] = sources[patched].to(device=hidden.device, dtype=hidden.dtype)
+                probs.append(get_next_token_probs(nn_model).cpu().save())
+        return torch.stack(probs).transpose(0, 1)

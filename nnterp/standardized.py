@@ -29,6 +29,7 @@ from nnsight import TransformersModel
 from torch._guards import detect_fake_mode
 
 from .accessors import OneXInterface, check_standard_names, constructor_keywords
+from .attention_probabilities import AttentionProbabilitiesSlot
 from .core.dims import Logits, Probs
 from .core.errors import EmptyPrompt, InvalidArgument, LoadError, RoutingError, SignatureError, WrongType
 from .core.values import DerivedEProperty, EProperty, Unwrap
@@ -105,9 +106,21 @@ def _register_for_remote() -> None:
 
 
 def _standard_aliases(family: Any) -> dict:
-    """nnsight ``rename`` aliases for the standard parts: ``model.layers`` (the blocks' ``ModuleList``),
-    ``embed_tokens``, ``ln_final``, ``lm_head``; envoys, so ``tracer.cache()`` navigates them too."""
-    return {family.LAYERS: "layers", family.EMBED_TOKENS: "embed_tokens", family.LN_FINAL: "ln_final", family.LM_HEAD: "lm_head"}
+    """nnsight ``rename`` aliases for the standard parts: envoys, so ``tracer.cache()`` navigates them too.
+
+    ``model.layers`` (the blocks' ``ModuleList``), ``embed_tokens``,
+    ``ln_final``, ``lm_head``; and nnterp 1.x's ``model.model``: the backbone
+    (``transformer`` on GPT-2, ``backbone`` on Mamba), with the same
+    ``layers`` / ``embed_tokens`` / ``ln_final`` on it (``model.model.ln_final``
+    is Llama's ``model.model.norm``).
+    """
+    backbone = family.LAYERS.split(".")[0] if "." in family.LAYERS else None
+    aliases: dict = {family.LM_HEAD: "lm_head"}
+    for path, name in ((family.LAYERS, "layers"), (family.EMBED_TOKENS, "embed_tokens"), (family.LN_FINAL, "ln_final")):
+        aliases[path] = [name, f"{backbone}.{name}"] if backbone and path.startswith(f"{backbone}.") else name
+    if backbone not in (None, "model"):
+        aliases[backbone] = "model"
+    return aliases
 
 
 class _OutputLogits(Unwrap):
@@ -200,6 +213,8 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
     def remote(self) -> bool:
         """Whether this model was built with ``remote=True``: its runs default to NDIF, and `support()` answers for a server."""
         return self.__dict__.get("_nnterp_remote", False)
+
+    attention_probabilities = AttentionProbabilitiesSlot()
 
     logits = EProperty(
         "output",
@@ -313,7 +328,9 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
                 "model needs at least one token to run on; pass a non-empty prompt"
             )
         mask = kwargs.get("attention_mask")
-        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and kwargs.get("past_key_values") is None:
+        # Under `model.scan` the mask is a fake tensor: no values to test (and `.tolist()` raises there).
+        fake = detect_fake_mode() is not None or getattr(mask, "is_meta", False)
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and kwargs.get("past_key_values") is None and not fake:
             empty = (mask.sum(-1) == 0).nonzero().flatten().tolist()
             if empty:
                 raise EmptyPrompt(

@@ -36,6 +36,11 @@ A request the run cannot serve at this moment or in this process:
     OrderError         (NnterpError, RuntimeError) a read or write after the run passed the moment it needs, with the order to use
     NotInTrace         (NnterpError, RuntimeError) a value read or written outside ``model.trace`` / ``model.generate``
     RoutingError       (NnterpError, RuntimeError) kernel routing asked for inside a running trace
+
+nnterp 1.x's own names:
+
+    RenamingError      (NnterpError, ValueError)   a model whose modules are not where the names say
+    TokenizationError  (NnterpError, ValueError)   a word whose first token cannot be found
 """
 
 from __future__ import annotations
@@ -127,3 +132,11 @@ class EmptyPrompt(NnterpError, ValueError):
 
 class OutOfVocabulary(NnterpError, ValueError):
     """A token id outside ``0 .. vocabulary size - 1``."""
+
+
+class RenamingError(NnterpError, ValueError):
+    """nnterp 1.x's error (``nnterp.rename_utils.RenamingError``): a module or value is not where its standard name says."""
+
+
+class TokenizationError(NnterpError, ValueError):
+    """nnterp 1.x's error (``nnterp.prompt_utils.TokenizationError``): the first token of a word cannot be isolated."""
