@@ -34,7 +34,8 @@ from typing import Any
 
 import torch
 
-from .core.errors import NnterpError, PositionError, ShapeError
+from .core.errors import NnterpError, ShapeError
+from .core.layers import layer_index, layer_indices
 
 
 def _mixer(layer: Any) -> Any:
@@ -65,8 +66,7 @@ class LayerAccessor:
 
     def get_module(self, layer: int) -> Any:
         """The envoy this accessor reads on layer ``layer`` (the block, its mixer, its MLP; ``None`` where the block has no such part)."""
-        if not -len(self) <= layer < len(self):
-            raise PositionError(f"`{self.name}[{layer}]`: the model has {len(self)} layers")
+        layer = layer_index(layer, len(self), f"`{self.name}[{layer}]`")
         block = self.model.layers[layer]
         if self.part is None:
             return block
@@ -235,7 +235,7 @@ class OneXInterface:
             if token_positions is not None:
                 raise NnterpError("pass one of `positions` and `token_positions` (the same argument, 1.x's older and newer name)")
             token_positions = positions
-        for layer in sorted([layers] if isinstance(layers, int) else layers):  # in execution order
+        for layer in sorted(layer_indices(layers, self.num_layers, "steer(layers=...)")):  # in execution order
             output = self.layers_output[layer]
             vector = factor * steering_vector.to(device=output.device, dtype=output.dtype)
             if batch_index is None and token_positions is None:
@@ -250,6 +250,7 @@ class OneXInterface:
 
     def skip_layer(self, layer: int, skip_with: Any = None) -> None:
         """Skip layer ``layer``: its output is ``skip_with`` (its own input by default), inside a trace."""
+        layer = layer_index(layer, self.num_layers, "skip_layer(layer=...)")
         self.skip_layers(layer, layer, skip_with)
 
     def skip_layers(self, start_layer: int, end_layer: int, skip_with: Any = None) -> None:
@@ -262,6 +263,8 @@ class OneXInterface:
         their outputs are replaced, which gives every later value a forward
         without them would give (their own caches still advance).
         """
+        start_layer = layer_index(start_layer, self.num_layers, "skip_layers(start_layer=...)")
+        end_layer = layer_index(end_layer, self.num_layers, "skip_layers(end_layer=...)")
         if skip_with is None:
             skip_with = self.layers_input[start_layer]
         for layer in range(start_layer, end_layer + 1):

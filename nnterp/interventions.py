@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from .core.errors import NnterpError
+from .core.layers import layer_indices
 
 __all__ = [
     "logit_lens",
@@ -49,11 +50,10 @@ def _local(remote: bool) -> None:
         )
 
 
-def _layers(model: Any, layers: int | list[int] | None) -> list[int]:
+def _layers(model: Any, layers: int | list[int] | None, where: str) -> list[int]:
     if layers is None:
         return list(range(model.num_layers))
-    layers = [layers] if isinstance(layers, int) else list(layers)
-    return [layer % model.num_layers for layer in layers]
+    return layer_indices(layers, model.num_layers, f"{where}(layers=...)")
 
 
 def logit_lens(model: Any, prompts: str | list[str], remote: bool = False, return_inv_logits: bool = False) -> Any:
@@ -176,7 +176,7 @@ def patchscope_lens(
         targets = TargetPromptBatch.auto(target_patch_prompts, num_sources)
         if len(targets) != num_sources:
             raise NnterpError(f"{num_sources} sources but {len(targets)} target prompts")
-        layers = _layers(model, layers)
+        layers = _layers(model, layers, "patchscope_lens")
         if latents is None:
             latents = get_token_activations(model, source_prompts, layers=layers)
         probs = []
@@ -247,7 +247,7 @@ def get_token_activations(
         idx = -1 if idx is None else idx
         if idx < 0 and model.tokenizer.padding_side != "left":
             raise NnterpError(f"a negative idx needs left padding; the tokenizer pads {model.tokenizer.padding_side}")
-        layers = _layers(model, layers)
+        layers = _layers(model, layers, "get_token_activations")
         if values is None:
             get_activations = get_activations or (lambda m, layer: m.layers_output[layer])
             acts: list = []
