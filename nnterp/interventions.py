@@ -50,6 +50,17 @@ def _local(remote: bool) -> None:
         )
 
 
+def _left_padded(model: Any, prompts: Any, what: str) -> None:
+    """Refuse a batch the tokenizer would pad on the right: ``[:, -1]`` would be padding for its shorter prompts."""
+    if isinstance(prompts, (list, tuple)) and len(prompts) > 1 and model.tokenizer.padding_side != "left":
+        mask = model.tokenizer(list(prompts), padding=True, return_tensors="pt").attention_mask
+        if not bool(mask[:, -1].all()):
+            raise NnterpError(
+                f"{what} reads each prompt's last token at position -1, which needs left padding; the tokenizer pads "
+                f"{model.tokenizer.padding_side}: set model.tokenizer.padding_side = 'left', or pass prompts of one length"
+            )
+
+
 def _layers(model: Any, layers: int | list[int] | None, where: str) -> list[int]:
     if layers is None:
         return list(range(model.num_layers))
@@ -70,6 +81,7 @@ def logit_lens(model: Any, prompts: str | list[str], remote: bool = False, retur
     """
     with torch.no_grad():  # a block, not a decorator: a server rebuilds the bare function
         _local(remote)
+        _left_padded(model, prompts, "logit_lens")
         probs: list = []
         inverse: list = []
         with model.trace(prompts):

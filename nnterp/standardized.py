@@ -72,6 +72,10 @@ def _no_tokens(data: Any) -> bool:
     return False
 
 
+#: The model's attribute holding, for a right-padded batch, each row's last real token (``None`` otherwise).
+_ROW_ENDS = "_nnterp_row_ends"
+
+
 def _register_for_remote() -> None:
     """Ship nnterp by value with every remote request: a server has nnsight, torch and transformers, not nnterp."""
     from nnsight.ndif import register
@@ -110,6 +114,12 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
         dispatch: load the weights now (``True``) or at the first trace.
         device: where to put the weights (``"cpu"``, ``"cuda:0"``, ...).
         tokenizer: a tokenizer to use instead of the checkpoint's own.
+        tokenizer_kwargs: ``AutoTokenizer.from_pretrained`` arguments; those
+            that are tokenizer attributes (``padding_side``) are set on the
+            tokenizer over nnsight's defaults (left padding). A right-padded
+            batch is served row by row (``next_token_probs`` at each row's own
+            last token); ``generate`` and the lens helpers, which continue or
+            read position -1, refuse one.
         remote: run every ``trace``, ``generate`` and ``session`` of this
             model on NDIF unless the call says ``remote=False`` (see
             ``docs/remote.md``): the weights stay unloaded here, nnterp
@@ -138,13 +148,18 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
         kwargs.pop("task", None)  # always a causal LM: a model key names its task, and it is this one
         config = _config(model, kwargs.get("revision"))
         family = family_for(config)
+        tokenizer_kwargs = dict(kwargs.pop("tokenizer_kwargs", None) or {})
         enable_attention_probs, check_renaming = constructor_keywords(family.text_config(config), kwargs)
         if tokenizer is None:
             if isinstance(model, PreTrainedModel):
                 raise NnterpError("a loaded model comes without its tokenizer: pass tokenizer=AutoTokenizer.from_pretrained(...)")
             # nnsight cannot guess a local folder's tokenizer on its lazy path (transformers 5
             # names the pipeline class as a string), so load it here for every source.
-            tokenizer = AutoTokenizer.from_pretrained(os.fspath(model), revision=kwargs.get("revision"))
+            tokenizer = AutoTokenizer.from_pretrained(
+                os.fspath(model), **{"revision": kwargs.get("revision"), **tokenizer_kwargs}
+            )
+        # nnsight sets the padding side again whenever it loads the pipeline (left, for a causal LM): the user's wins.
+        object.__setattr__(self, "_nnterp_tokenizer_settings", {k: v for k, v in tokenizer_kwargs.items() if hasattr(tokenizer, k)})
         if device is not None and not isinstance(model, PreTrainedModel):
             kwargs.setdefault("device_map", device)
         if remote and dispatch:
@@ -162,6 +177,12 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
             _register_for_remote()
         if check_renaming:
             check_standard_names(self)
+
+    def _configure_tokenizer(self) -> None:
+        """nnsight's tokenizer defaults (a pad token, left padding), then the constructor's ``tokenizer_kwargs`` over them."""
+        super(StandardizedTransformer, self)._configure_tokenizer()
+        for key, value in self.__dict__.get("_nnterp_tokenizer_settings", {}).items():
+            setattr(self.tokenizer, key, value)
 
     @property
     def family(self) -> Any:
@@ -184,8 +205,14 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
     )
 
     def _next_token_probs(self) -> Probs:
-        # nnsight left-pads a batch, so the last position is every row's last real token.
-        return torch.softmax(self.logits[:, -1].float(), dim=-1)
+        # nnsight left-pads a batch, so the last position is every row's last real token; a right-padded
+        # batch (tokenizer_kwargs=dict(padding_side="right")) is read at each row's own last token (`_batch`).
+        logits = self.logits
+        ends = self.__dict__.get(_ROW_ENDS)
+        if ends is None:
+            return torch.softmax(logits[:, -1].float(), dim=-1)
+        ends = ends.to(logits.device)
+        return torch.softmax(logits[torch.arange(len(ends), device=logits.device), ends].float(), dim=-1)
 
     next_token_probs = DerivedEProperty(
         _next_token_probs,
@@ -288,6 +315,7 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
                 "model needs at least one token to run on; pass a non-empty prompt"
             )
         mask = kwargs.get("attention_mask")
+        object.__setattr__(self, _ROW_ENDS, None)
         if isinstance(mask, torch.Tensor) and mask.dim() == 2 and kwargs.get("past_key_values") is None:
             empty = (mask.sum(-1) == 0).nonzero().flatten().tolist()
             if empty:
@@ -297,6 +325,14 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
                 )
             if self.family.PADDING_REFUSED is not None and not bool(mask.all()):
                 raise NnterpError(self.family.PADDING_REFUSED)
+            if not bool(mask[:, -1].all()):  # padded on the right
+                if getattr(fn, "__name__", None) == "generate":
+                    raise NnterpError(
+                        "generate continues every row after the batch's last position, which in a right-padded "
+                        f"batch (the tokenizer pads {self.tokenizer.padding_side}) is padding for the shorter "
+                        "prompts: set model.tokenizer.padding_side = 'left' for generate, or generate each prompt alone"
+                    )
+                object.__setattr__(self, _ROW_ENDS, mask.sum(-1) - 1)
         return args, kwargs
 
     def support(self) -> dict:
