@@ -157,8 +157,16 @@ class OneXInterface:
 
     @property
     def attn_probs_available(self) -> bool:
-        """Whether ``attention_probabilities`` can be served (the model runs eager attention)."""
-        return getattr(self._text_config, "_attn_implementation", None) == "eager"
+        """Whether ``attention_probabilities`` can be served: some layer has softmax attention, and it runs eager.
+
+        nnterp 1.x's meaning (its ``attention_probabilities.enabled``): ``False`` on a model without softmax
+        attention (Mamba, RWKV, xLSTM) and on one loaded without ``enable_attention_probs=True`` (sdpa).
+        """
+        for layer in self.layers:
+            attention = layer.self_attn
+            if attention is not None and type(attention).values()["attention_probabilities"].reason(attention) is None:
+                return True
+        return False
 
     @property
     def input_ids(self) -> Any:
