@@ -44,6 +44,11 @@ def track(mixer: Any) -> None:
     _LIVE.add(mixer)
 
 
+#: ``[lookup]``: ``lookup(modeling module) -> family or None``, installed by `nnterp.families` (the layer that
+#: knows the registry), so a modeling module names its family before any model of it is loaded.
+MODELING_LOOKUP: list = []
+
+
 class _LiveFamily:
     """A transformers modeling module seen as a family: the mixers of it nnterp has wrapped."""
 
@@ -58,9 +63,11 @@ class _LiveFamily:
 def family_of(target: Any) -> Any:
     """The family ``target`` names: a family (``model.family``), a standardized model, a family's file, or a modeling module.
 
-    A transformers modeling module is known by the mixers of it nnterp has
-    wrapped (no family is imported from here); anything else is an error
-    saying what was expected.
+    A transformers modeling module names the registered family that wraps it
+    (`MODELING_LOOKUP`, filled by `nnterp.families`), so routing it works
+    before any model of it is loaded; a module no family wraps is known by
+    the mixers of it nnterp has wrapped. Anything else is an error saying
+    what was expected.
     """
     if hasattr(target, "MODELING") and hasattr(target, "COMPONENTS"):
         return target
@@ -74,6 +81,10 @@ def family_of(target: Any) -> Any:
     if declared:
         return declared[-1]  # a family's file: the family it declares
     if isinstance(target, ModuleType) and target.__name__.startswith("transformers.models."):
+        for lookup in MODELING_LOOKUP:
+            family = lookup(target)
+            if family is not None:
+                return family
         return _LiveFamily(target)
     raise NnterpError(
         "route_kernels takes a family (model.family), a StandardizedTransformer or a family's transformers "

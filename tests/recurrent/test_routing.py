@@ -215,3 +215,67 @@ def test_a_repeated_default_repairs_a_mixer_compiled_over_the_routed_kernels(qwe
     assert not _sourced(qwen)[0], "the mixer compiled over the routed kernels is reset"
     with pytest.raises(nnterp.Unavailable), qwen.trace(PROMPT):
         qwen.layers[0].linear_attn.states
+
+
+_FRESH = r'''
+import importlib, json, sys
+import torch
+order, out = sys.argv[1], sys.argv[2]
+cases = json.loads(sys.argv[3])
+modules = {model_type: importlib.import_module(name) for model_type, name in cases}  # first thing: the modeling modules
+import nnterp
+from nnterp.testing import tiny_checkpoint
+
+found, states = {}, {}
+for model_type, _ in cases:
+    modeling = modules[model_type]
+    if order == "route-then-load":
+        routing = nnterp.route_kernels(modeling, "torch")
+    model = nnterp.StandardizedTransformer(str(tiny_checkpoint(model_type)), dispatch=True, device="cpu")
+    if order == "load-then-route":
+        routing = nnterp.route_kernels(model.family, "torch")
+    bound = {name: f"{modeling.__dict__[name].__module__}.{modeling.__dict__[name].__qualname__}" for name in routing.previous}
+    support = model.support()["linear_attn.states"]
+    layer = next(i for i, block in enumerate(model.layers) if block.linear_attn is not None)
+    if model.support()["linear_attn.states"] is None or isinstance(support, (list, dict)) and support[layer] is None:
+        with torch.no_grad(), model.trace("The Eiffel Tower is in the city of"):
+            states[model_type] = model.layers[layer].linear_attn.states.save()
+    changed = sorted(name for name in routing.previous if modeling.__dict__[name] is not routing.previous[name])
+    routing.__exit__(None, None, None)
+    restored = all(modeling.__dict__[name] is routing.previous[name] for name in routing.previous)
+    found[model_type] = dict(bound=bound, support=json.loads(json.dumps(support)), changed=changed, restored=restored)
+torch.save(states, out + ".pt")
+print(json.dumps(found))
+'''
+
+
+def _fresh_process(order: str, cases: list, tmp_path) -> tuple[dict, dict]:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = str(tmp_path / order)
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run(
+        [sys.executable, "-c", _FRESH, order, out, json.dumps(cases)], capture_output=True, text=True, env=env, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), torch.load(out + ".pt")
+
+
+def test_routing_a_modeling_module_works_first_thing_in_a_fresh_process(tmp_path):
+    """The spec's order: import the modeling module, route it, then load a model of it; as routing ``model.family`` after loading binds."""
+    cases = sorted({(family.NAME, family.MODELING.__name__) for family in RECURRENT}, key=lambda case: case[1])
+    cases = [case for index, case in enumerate(cases) if case[1] not in {c[1] for c in cases[:index]}]  # one per module
+    routed_first, states_first = _fresh_process("route-then-load", cases, tmp_path)
+    loaded_first, states_loaded = _fresh_process("load-then-route", cases, tmp_path)
+    assert routed_first == loaded_first
+    for model_type, found in routed_first.items():
+        assert found["bound"] and found["restored"], model_type  # RWKV's kernel is pure torch already: none changed
+    assert sum(bool(found["changed"]) for found in routed_first.values()) > len(routed_first) // 2
+    assert set(states_first) == set(states_loaded) and states_first
+    for model_type in states_first:
+        torch.testing.assert_close(states_first[model_type], states_loaded[model_type], rtol=0, atol=0, msg=model_type)
