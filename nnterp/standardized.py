@@ -21,17 +21,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from functools import reduce
 from typing import Any
 
 import torch
 from nnsight import TransformersModel
+from nnsight.intervention.interleaver import OutOfOrderError
 from torch._guards import detect_fake_mode
 
 from .accessors import OneXInterface, check_standard_names, constructor_keywords
 from .core.dims import Logits, Probs
-from .core.errors import EmptyPrompt, NnterpError, RoutingError, WrongType
-from .core.values import DerivedEProperty, EProperty, Unwrap
+from .core.errors import EmptyPrompt, NnterpError, RoutingError, Unavailable, WrongType
+from .core.values import DerivedEProperty, EProperty, Unwrap, served_as
 from .families import family_for
 from .recurrent.routing import refused_device
 from .recurrent.settings import mark_remote, marked_generating
@@ -70,6 +72,22 @@ def _no_tokens(data: Any) -> bool:
     if isinstance(data, (list, tuple)):
         return all(isinstance(row, (list, tuple)) and len(row) == 0 for row in data)
     return False
+
+
+def _gradient_refused(error: Exception) -> Unavailable | None:
+    """nnsight's "``<id>.grad`` was requested but the model already ran past it", as the reason `support()` gives, if it has one.
+
+    nnsight names the tensor by its ``id``: a value nnterp served (`served_as`) whose ``.grad`` row in
+    ``support()`` has a reason (the chunked kernel's final state, a copy, a value computed for analysis)
+    gets that sentence instead.
+    """
+    found = re.search(r"'(\d+)\.grad", str(error))
+    where = served_as(int(found.group(1))) if found else None
+    if where is None or not hasattr(where[0], "gradients"):
+        return None
+    envoy, name = where
+    reason = envoy.gradients().get(name)
+    return Unavailable(f"{envoy.path}.{name}.grad", reason) if reason is not None else None
 
 
 #: The model's attribute holding, for a right-padded batch, each row's last real token (``None`` otherwise).
@@ -250,7 +268,13 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
         # tracer.iter counts steps under generate and a prompt's tokens in a trace: `state` needs to know which.
         with marked_generating(self, getattr(fn, "__name__", None) == "generate"), self.family.around_run(self._module):
             # Explicit class: on a server this method is rebuilt from its source, without a `__class__` cell.
-            return super(StandardizedTransformer, self).interleave(fn, *args, **kwargs)
+            try:
+                return super(StandardizedTransformer, self).interleave(fn, *args, **kwargs)
+            except OutOfOrderError as error:
+                refused = _gradient_refused(error)
+                if refused is None:
+                    raise
+                raise refused from error
 
     # -- remote execution (docs/remote.md) --------------------------------------------------
 
