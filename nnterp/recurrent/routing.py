@@ -148,7 +148,8 @@ def route_kernels(family: Any, mode: str) -> Routing:
     the standardized model itself.
 
     Returns a `Routing`: ``with nnterp.route_kernels(family, "torch"):``
-    restores the previous binding on exit.
+    restores the previous binding on exit. A call interrupted (Ctrl-C, any
+    exception) before it returns changes nothing.
     """
     if mode not in MODES:
         raise NnterpError(f"route_kernels mode must be one of {MODES}, got {mode!r}")
@@ -174,8 +175,17 @@ def route_kernels(family: Any, mode: str) -> Routing:
         if labels["STATE_OP"] is not None and not component.ONE_STEP_DECODE and component.CHUNK_FUNCTION:
             target[component.CHUNK_FUNCTION] = target[component.RECURRENT_FUNCTION]
     previous = {name: modeling.__dict__[name] for name in target}
-    _rebind(modeling, target)
-    return Routing(modeling, previous)
+    # One step under interrupts, up to the caller holding the `Routing`: a Ctrl-C held meanwhile (raised when the
+    # step ends) or raised at any line before the return puts the previous bindings back, so an interrupted call
+    # leaves the process as it was.
+    try:
+        with interrupts_held():
+            _rebind(modeling, target)
+            return Routing(modeling, previous)
+    except BaseException:
+        with interrupts_held():
+            _rebind(modeling, previous)
+        raise
 
 
 def route_delta_rule(family: Any, mode: str) -> Routing:

@@ -189,15 +189,74 @@ def test_a_real_sigint_while_routing_is_held_until_the_step_is_done(qwen, monkey
         signal.raise_signal(signal.SIGINT)
         return original(modeling, names)
 
+    nnterp.route_kernels(qwen.family, "default")  # stash the originals
+    before = _bound(qwen.family)
     monkeypatch.setattr(routing, "reinstrument", signalled)
     try:
         with pytest.raises(KeyboardInterrupt):
             nnterp.route_kernels(qwen.family, "torch")
-        assert qwen.support()["linear_attn.states"] is None, "the step completed before the interrupt was raised"
+        # Held until the step was done, then raised before the caller got the Routing: the step is undone.
+        assert _bound(qwen.family) == before and qwen.support()["linear_attn.states"] is not None
     finally:
         monkeypatch.setattr(routing, "reinstrument", original)
         nnterp.route_kernels(qwen.family, "default")
-    assert qwen.support()["linear_attn.states"] is not None
+
+
+class _InterruptAtLine:
+    """A tracer raising ``KeyboardInterrupt`` at the ``at``-th line nnterp executes (as a Ctrl-C landing there)."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.seen, self.fired = at, 0, False
+
+    def __call__(self, frame, event, arg):
+        if "/nnterp/" not in frame.f_code.co_filename:
+            return None  # no line events inside torch, nnsight, transformers: their own steps are atomic to us
+        if event == "line" and not self.fired:
+            self.seen += 1
+            if self.seen == self.at:
+                self.fired = True
+                raise KeyboardInterrupt
+        return self
+
+
+@pytest.mark.parametrize("model_type", ON_A_MODEL)
+def test_an_interrupt_at_any_line_of_route_kernels_leaves_the_process_unrouted(load, model_type):
+    """Ctrl-C at each line route_kernels (and what it calls in nnterp) executes: bindings, support() and logits as unrouted."""
+    import sys
+
+    model = load(model_type)
+    family = model.family
+    nnterp.route_kernels(family, "default")  # stash the originals; warm the label caches
+    with nnterp.route_kernels(family, "torch"):
+        pass
+    before, support = _bound(family), model.support()
+    with nnterp.route_kernels(family, "torch"):
+        assert _bound(family) != before  # routing changes something this test can see
+    with torch.no_grad(), model.trace(PROMPT):
+        plain = model.logits.save()
+    at = 0
+    while True:
+        at += 1
+        tracer = _InterruptAtLine(at)
+        sys.settrace(tracer)
+        try:
+            routing = nnterp.route_kernels(family, "torch")
+        except KeyboardInterrupt:
+            routing = None
+        finally:
+            sys.settrace(None)
+        if routing is not None:  # past every line: the call completed
+            assert not tracer.fired
+            routing.__exit__(None, None, None)
+            break
+        assert tracer.fired, f"line {at}: an interrupt not injected by the test"
+        assert _bound(family) == before, f"line {at}: kernel names left routed"
+        assert model.support() == support, f"line {at}: support() says routed"
+        with torch.no_grad(), model.trace(PROMPT):
+            logits = model.logits.save()
+        torch.testing.assert_close(logits, plain, rtol=0, atol=0, msg=f"line {at}")
+    assert at > 10, "route_kernels ran fewer lines than expected: the tracer missed them"
+    assert _bound(family) == before
 
 
 def test_a_repeated_default_repairs_a_mixer_compiled_over_the_routed_kernels(qwen):
