@@ -175,18 +175,25 @@ def demo_command(args: argparse.Namespace) -> int:
 
     from . import Unavailable
     from .sweep import per_token_states
+    from .testing.checkpoints import default_cache_dir
 
     problem = _demo_problem(args)
     if problem is not None:
         print(f"nnterp demo: {problem}", file=sys.stderr)
         return 2
     tiny = args.model == DEFAULT_MODEL
-    model = _load(args.model, weights=True, device=args.device)
+    path = _resolve(args.model)
+    model = _load(path, weights=True, device=args.device)
     recurrent = [i for i, layer in enumerate(model.layers) if getattr(layer, "linear_attn", None) is not None]
     print(f"nnterp demo: {args.model} ({model.family.NAME}, {len(model.layers)} layers, "
           f"recurrent mixers at {recurrent})")
     if tiny:
         print("the embedded tiny hybrid: random weights, so the numbers show the mechanics, not language")
+    if path != args.model:
+        print(f"the tiny checkpoint is kept at {path} (built once under {default_cache_dir()}; set NNTERP_CACHE "
+              "to keep it elsewhere)")
+    if recurrent:
+        print(f"the plots go to {Path(args.out).resolve()} (--out)")
 
     _section("what each layer serves (model.support())")
     print(format_support(model))

@@ -38,13 +38,13 @@ import torch
 from .core.errors import (
     DeviceError,
     InvalidArgument,
-    PositionError,
     ReadOnlyValue,
     ShapeError,
     SignatureError,
     UnsupportedModel,
     WrongType,
 )
+from .core.layers import layer_index, layer_indices
 
 
 def _mixer(layer: Any) -> Any:
@@ -75,8 +75,7 @@ class LayerAccessor:
 
     def get_module(self, layer: int) -> Any:
         """The envoy this accessor reads on layer ``layer`` (the block, its mixer, its MLP; ``None`` where the block has no such part)."""
-        if not -len(self) <= layer < len(self):
-            raise PositionError(f"`{self.name}[{layer}]`: the model has {len(self)} layers")
+        layer = layer_index(layer, len(self), f"`{self.name}[{layer}]`")
         block = self.model.layers[layer]
         if self.part is None:
             return block
@@ -277,7 +276,7 @@ class OneXInterface:
                 f"hidden size), or a shape ending in {self.hidden_size} that broadcasts over the steered slice ([batch, 1, "
                 f"{self.hidden_size}] per batch row)"
             )
-        for layer in sorted([layers] if isinstance(layers, int) else layers):  # in execution order
+        for layer in sorted(layer_indices(layers, self.num_layers, "steer(layers=...)")):  # in execution order
             output = self.layers_output[layer]
             # Moved to the layer's device and dtype, as 1.x did (a model split across devices).
             vector = factor * steering_vector.to(device=output.device, dtype=output.dtype)
@@ -300,6 +299,7 @@ class OneXInterface:
 
     def skip_layer(self, layer: int, skip_with: Any = None) -> None:
         """Skip layer ``layer``: its output is ``skip_with`` (its own input by default), inside a trace."""
+        layer = layer_index(layer, self.num_layers, "skip_layer(layer=...)")
         self.skip_layers(layer, layer, skip_with)
 
     def skip_layers(self, start_layer: int, end_layer: int, skip_with: Any = None, layer_returns_tuple: bool | None = None) -> None:
@@ -314,13 +314,14 @@ class OneXInterface:
         ``layer_returns_tuple`` is 1.x's and has no effect: ``skip_with`` is
         the residual stream, and the block's tuple is rebuilt around it.
         """
-        n = self.num_layers
-        first, last = (layer + n if -n <= layer < 0 else layer for layer in (start_layer, end_layer))
-        if first > last:
+        start_layer = layer_index(start_layer, self.num_layers, "skip_layers(start_layer=...)")
+        end_layer = layer_index(end_layer, self.num_layers, "skip_layers(end_layer=...)")
+        if start_layer > end_layer:
             raise InvalidArgument(
-                f"skip_layers({start_layer}, {end_layer}) skips nothing: layer {first} comes after layer {last} (of "
-                f"{n}); pass start_layer <= end_layer, both inclusive (negative indices count from the end)"
+                f"skip_layers({start_layer}, {end_layer}) skips nothing: layer {start_layer} comes after layer {end_layer} (of "
+                f"{self.num_layers}); pass start_layer <= end_layer, both inclusive (negative indices count from the end)"
             )
+        first, last = start_layer, end_layer
         if skip_with is None:
             skip_with = self.layers_input[first]
         for layer in range(first, last + 1):

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from .core.errors import InvalidArgument, ShapeError, Unavailable, WrongType
+from .core.layers import layer_index
 from .sweep import per_token_states, recurrent_layers, sweep_positions, target_id
 
 __all__ = ["AttributionResult", "state_attribution", "rank_correlation"]
@@ -139,7 +140,11 @@ def state_attribution(
             reason = model.layers[index].linear_attn.gradients()["states"]
             if reason is not None:
                 raise Unavailable(f"state_attribution on layer {index}", reason)
-        corrupt_states = dict(corrupt) if isinstance(corrupt, Mapping) else _states(model, corrupt, layers)
+        if isinstance(corrupt, Mapping):
+            where = "state_attribution(corrupt={layer: states})"
+            corrupt_states = {layer_index(layer, len(model.layers), where): states for layer, states in corrupt.items()}
+        else:
+            corrupt_states = _states(model, corrupt, layers)
         missing = [layer for layer in layers if layer not in corrupt_states]
         if missing:
             raise InvalidArgument(f"the corrupt states given have no layers {missing}")

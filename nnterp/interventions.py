@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from .core.errors import InvalidArgument, SignatureError, WrongType
+from .core.layers import layer_indices
 
 __all__ = [
     "logit_lens",
@@ -65,11 +66,21 @@ def _the_model(function: str, nn_model: Any, model: Any, **required: Any) -> Any
     return nn_model if nn_model is not None else model
 
 
-def _layers(model: Any, layers: int | list[int] | None) -> list[int]:
+def _left_padded(model: Any, prompts: Any, what: str) -> None:
+    """Refuse a batch the tokenizer would pad on the right: ``[:, -1]`` would be padding for its shorter prompts."""
+    if isinstance(prompts, (list, tuple)) and len(prompts) > 1 and model.tokenizer.padding_side != "left":
+        mask = model.tokenizer(list(prompts), padding=True, return_tensors="pt").attention_mask
+        if not bool(mask[:, -1].all()):
+            raise InvalidArgument(
+                f"{what} reads each prompt's last token at position -1, which needs left padding; the tokenizer pads "
+                f"{model.tokenizer.padding_side}: set model.tokenizer.padding_side = 'left', or pass prompts of one length"
+            )
+
+
+def _layers(model: Any, layers: int | list[int] | None, where: str) -> list[int]:
     if layers is None:
         return list(range(model.num_layers))
-    layers = [layers] if isinstance(layers, int) else list(layers)
-    return [layer % model.num_layers for layer in layers]
+    return layer_indices(layers, model.num_layers, f"{where}(layers=...)")
 
 
 def logit_lens(
@@ -94,6 +105,7 @@ def logit_lens(
     model = _the_model("logit_lens", nn_model, model, prompts=prompts)
     with torch.no_grad():  # a block, not a decorator: a server rebuilds the bare function
         _local(remote)
+        _left_padded(model, prompts, "logit_lens")
         probs: list = []
         inverse: list = []
         with model.trace(prompts):
@@ -204,7 +216,7 @@ def patchscope_lens(
         targets = TargetPromptBatch.auto(target_patch_prompts, num_sources)
         if len(targets) != num_sources:
             raise InvalidArgument(f"{num_sources} sources but {len(targets)} target prompts")
-        layers = _layers(model, layers)
+        layers = _layers(model, layers, "patchscope_lens")
         if latents is None:
             latents = get_token_activations(model, source_prompts, layers=layers)
         probs = []
@@ -279,7 +291,7 @@ def get_token_activations(
         idx = -1 if idx is None else idx
         if idx < 0 and model.tokenizer.padding_side != "left":
             raise InvalidArgument(f"a negative idx needs left padding; the tokenizer pads {model.tokenizer.padding_side}")
-        layers = _layers(model, layers)
+        layers = _layers(model, layers, "get_token_activations")
         if values is None:
             get_activations = get_activations or (lambda m, layer: m.layers_output[layer])
             acts: list = []

@@ -30,6 +30,7 @@ import torch
 
 from .attribution import rank_correlation
 from .core.errors import InvalidArgument, ShapeError
+from .core.layers import layer_indices
 
 __all__ = ["state_norms", "head_norms", "effective_attention", "patch_effect", "attribution", "logit_lens", "token_label"]
 
@@ -360,7 +361,7 @@ def logit_lens(model: Any, prompt: str, *, layers: Sequence[int] | None = None, 
         a matplotlib ``Figure`` (rows: layers, first at the bottom; columns: positions).
     """
     Figure = _pyplot()
-    layers = list(range(model.num_layers)) if layers is None else [i % model.num_layers for i in layers]
+    layers = list(range(model.num_layers)) if layers is None else layer_indices(layers, model.num_layers, "plot.logit_lens(layers=...)")
     rows: list = []
     with model.trace(prompt):
         for layer in sorted(layers):

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from .core.calls import mediator
-from .core.errors import InvalidArgument, PositionError, Unavailable, WrongType
+from .core.errors import InvalidArgument, Unavailable, WrongType
+from .core.layers import layer_indices
 
 
 def recurrent_layers(model: Any) -> list[int]:
@@ -57,24 +58,11 @@ def chosen_layers(model: Any, layers: Any) -> list[int]:
         raise InvalidArgument(f"{model.family.NAME} has no recurrent mixer on any layer, so no `model.states_of`")
     if layers is None:
         return recurrent
-    if isinstance(layers, torch.Tensor) and layers.dim() <= 1:
-        layers = layers.reshape(-1).tolist()
-    if isinstance(layers, int) and not isinstance(layers, bool):
-        layers = [layers]
-    if isinstance(layers, (str, bytes, torch.Tensor)) or not hasattr(layers, "__iter__"):
+    if isinstance(layers, torch.Tensor) and layers.dim() > 1:
         raise WrongType(
-            f"model.states_of(layers=...) takes a layer index or a sequence of them (ints), got {type(layers).__name__}"
+            f"model.states_of(layers=...) takes a layer index or a sequence of them (ints), got a {layers.dim()}-d tensor"
         )
-    count = len(model.layers)
-    found = set()
-    for layer in layers:
-        if not isinstance(layer, int) or isinstance(layer, bool):
-            raise WrongType(f"model.states_of(layers=...) takes layer indices (ints), got {type(layer).__name__}")
-        if not -count <= layer < count:
-            raise PositionError(
-                f"model.states_of(layers=...): layer {layer} is outside the model's {count} layers (0..{count - 1})"
-            )
-        found.add(layer % count)
+    found = set(layer_indices(layers, len(model.layers), "model.states_of(layers=...)"))
     missing = sorted(found - set(recurrent))
     if missing:
         plural = "s" if len(missing) > 1 else ""

@@ -21,18 +21,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from functools import reduce
 from typing import Any
 
 import torch
 from nnsight import TransformersModel
+from nnsight.intervention.interleaver import OutOfOrderError
 from torch._guards import detect_fake_mode
 
 from .accessors import OneXInterface, check_standard_names, constructor_keywords
 from .attention_probabilities import AttentionProbabilitiesSlot
 from .core.dims import Logits, Probs
-from .core.errors import EmptyPrompt, InvalidArgument, LoadError, RoutingError, SignatureError, WrongType
-from .core.values import DerivedEProperty, EProperty, Unwrap
+from .core.errors import EmptyPrompt, InvalidArgument, LoadError, RoutingError, SignatureError, Unavailable, WrongType
+from .core.values import DerivedEProperty, EProperty, Unwrap, served_as
 from .families import family_for
 from .recurrent.routing import refused_device
 from .recurrent.settings import mark_remote, marked_generating
@@ -98,6 +100,26 @@ def _no_tokens(data: Any) -> bool:
     return False
 
 
+def _gradient_refused(error: Exception) -> Unavailable | None:
+    """nnsight's "``<id>.grad`` was requested but the model already ran past it", as the reason `support()` gives, if it has one.
+
+    nnsight names the tensor by its ``id``: a value nnterp served (`served_as`) whose ``.grad`` row in
+    ``support()`` has a reason (the chunked kernel's final state, a copy, a value computed for analysis)
+    gets that sentence instead.
+    """
+    found = re.search(r"'(\d+)\.grad", str(error))
+    where = served_as(int(found.group(1))) if found else None
+    if where is None or not hasattr(where[0], "gradients"):
+        return None
+    envoy, name = where
+    reason = envoy.gradients().get(name)
+    return Unavailable(f"{envoy.path}.{name}.grad", reason) if reason is not None else None
+
+
+#: The model's attribute holding, for a right-padded batch, each row's last real token (``None`` otherwise).
+_ROW_ENDS = "_nnterp_row_ends"
+
+
 def _register_for_remote() -> None:
     """Ship nnterp by value with every remote request: a server has nnsight, torch and transformers, not nnterp."""
     from nnsight.ndif import register
@@ -148,6 +170,12 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
         dispatch: load the weights now (``True``) or at the first trace.
         device: where to put the weights (``"cpu"``, ``"cuda:0"``, ...).
         tokenizer: a tokenizer to use instead of the checkpoint's own.
+        tokenizer_kwargs: ``AutoTokenizer.from_pretrained`` arguments; those
+            that are tokenizer attributes (``padding_side``) are set on the
+            tokenizer over nnsight's defaults (left padding). A right-padded
+            batch is served row by row (``next_token_probs`` at each row's own
+            last token); ``generate`` and the lens helpers, which continue or
+            read position -1, refuse one.
         remote: run every ``trace``, ``generate`` and ``session`` of this
             model on NDIF unless the call says ``remote=False`` (see
             ``docs/remote.md``): the weights stay unloaded here, nnterp
@@ -176,13 +204,18 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
         kwargs.pop("task", None)  # always a causal LM: a model key names its task, and it is this one
         config = _config(model, kwargs.get("revision"))
         family = family_for(config)
+        tokenizer_kwargs = dict(kwargs.pop("tokenizer_kwargs", None) or {})
         enable_attention_probs, check_renaming = constructor_keywords(family.text_config(config), kwargs)
         if tokenizer is None:
             if isinstance(model, PreTrainedModel):
                 raise SignatureError("a loaded model comes without its tokenizer: pass tokenizer=AutoTokenizer.from_pretrained(...)")
             # nnsight cannot guess a local folder's tokenizer on its lazy path (transformers 5
             # names the pipeline class as a string), so load it here for every source.
-            tokenizer = AutoTokenizer.from_pretrained(os.fspath(model), revision=kwargs.get("revision"))
+            tokenizer = AutoTokenizer.from_pretrained(
+                os.fspath(model), **{"revision": kwargs.get("revision"), **tokenizer_kwargs}
+            )
+        # nnsight sets the padding side again whenever it loads the pipeline (left, for a causal LM): the user's wins.
+        object.__setattr__(self, "_nnterp_tokenizer_settings", {k: v for k, v in tokenizer_kwargs.items() if hasattr(tokenizer, k)})
         if device is not None and not isinstance(model, PreTrainedModel):
             kwargs.setdefault("device_map", device)
         if remote and dispatch:
@@ -200,6 +233,12 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
             _register_for_remote()
         if check_renaming:
             check_standard_names(self)
+
+    def _configure_tokenizer(self) -> None:
+        """nnsight's tokenizer defaults (a pad token, left padding), then the constructor's ``tokenizer_kwargs`` over them."""
+        super(StandardizedTransformer, self)._configure_tokenizer()
+        for key, value in self.__dict__.get("_nnterp_tokenizer_settings", {}).items():
+            setattr(self.tokenizer, key, value)
 
     @property
     def family(self) -> Any:
@@ -224,8 +263,14 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
     )
 
     def _next_token_probs(self) -> Probs:
-        # nnsight left-pads a batch, so the last position is every row's last real token.
-        return torch.softmax(self.logits[:, -1].float(), dim=-1)
+        # nnsight left-pads a batch, so the last position is every row's last real token; a right-padded
+        # batch (tokenizer_kwargs=dict(padding_side="right")) is read at each row's own last token (`_batch`).
+        logits = self.logits
+        ends = self.__dict__.get(_ROW_ENDS)
+        if ends is None:
+            return torch.softmax(logits[:, -1].float(), dim=-1)
+        ends = ends.to(logits.device)
+        return torch.softmax(logits[torch.arange(len(ends), device=logits.device), ends].float(), dim=-1)
 
     next_token_probs = DerivedEProperty(
         _next_token_probs,
@@ -263,7 +308,13 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
         # tracer.iter counts steps under generate and a prompt's tokens in a trace: `state` needs to know which.
         with marked_generating(self, getattr(fn, "__name__", None) == "generate"), self.family.around_run(self._module):
             # Explicit class: on a server this method is rebuilt from its source, without a `__class__` cell.
-            return super(StandardizedTransformer, self).interleave(fn, *args, **kwargs)
+            try:
+                return super(StandardizedTransformer, self).interleave(fn, *args, **kwargs)
+            except OutOfOrderError as error:
+                refused = _gradient_refused(error)
+                if refused is None:
+                    raise
+                raise refused from error
 
     # -- remote execution (docs/remote.md) --------------------------------------------------
 
@@ -330,6 +381,7 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
         mask = kwargs.get("attention_mask")
         # Under `model.scan` the mask is a fake tensor: no values to test (and `.tolist()` raises there).
         fake = detect_fake_mode() is not None or getattr(mask, "is_meta", False)
+        object.__setattr__(self, _ROW_ENDS, None)
         if isinstance(mask, torch.Tensor) and mask.dim() == 2 and kwargs.get("past_key_values") is None and not fake:
             empty = (mask.sum(-1) == 0).nonzero().flatten().tolist()
             if empty:
@@ -339,6 +391,14 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
                 )
             if self.family.PADDING_REFUSED is not None and not bool(mask.all()):
                 raise InvalidArgument(self.family.PADDING_REFUSED)
+            if not bool(mask[:, -1].all()):  # padded on the right
+                if getattr(fn, "__name__", None) == "generate":
+                    raise InvalidArgument(
+                        "generate continues every row after the batch's last position, which in a right-padded "
+                        f"batch (the tokenizer pads {self.tokenizer.padding_side}) is padding for the shorter "
+                        "prompts: set model.tokenizer.padding_side = 'left' for generate, or generate each prompt alone"
+                    )
+                object.__setattr__(self, _ROW_ENDS, mask.sum(-1) - 1)
         return args, kwargs
 
     def support(self) -> dict:

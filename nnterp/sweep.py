@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from .core.errors import InvalidArgument, OutOfVocabulary, PositionError, WrongType
+from .core.layers import layer_indices
 from .recurrent.routing import route_kernels
 
 __all__ = ["SweepResult", "patch_sweep", "per_token_states"]
@@ -127,7 +128,7 @@ def recurrent_layers(model: Any, layers: Sequence[int] | None) -> list:
         if not recurrent:
             raise InvalidArgument("this model has no recurrent mixer (no layer has a linear_attn) to patch")
         return recurrent
-    layers = [i + len(model.layers) if i < 0 else i for i in layers]
+    layers = layer_indices(layers, len(model.layers), "layers=...")
     missing = [i for i in layers if i not in recurrent]
     if missing:
         raise InvalidArgument(f"layers {missing} have no recurrent mixer; the recurrent layers are {recurrent}")

@@ -194,3 +194,38 @@ def test_demo_of_an_unknown_family_names_the_valid_ones(tmp_path):
 
     line = _one_line_error(nnterp_cli("demo", "--family", "nonexistent", "--out", str(tmp_path / "plots"), cwd=tmp_path), "'nonexistent'")
     assert all(name in line for name in MODEL_TYPES)
+
+
+def test_the_demo_says_where_it_writes_and_the_readme_names_nnterp_cache(tmp_path):
+    cache = tmp_path / "cache"
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1", "NNTERP_CACHE": str(cache)}
+    done = subprocess.run(
+        [sys.executable, "-m", "nnterp", "demo", "--model", "llama", "--out", str(tmp_path / "plots")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    built = [path for path in cache.iterdir() if path.name.startswith("llama-")]
+    assert len(built) == 1  # the checkpoint went where NNTERP_CACHE says, and the demo names it
+    assert f"the tiny checkpoint is kept at {built[0]}" in done.stdout and "NNTERP_CACHE" in done.stdout
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "NNTERP_CACHE" in readme and "~/.cache/nnterp/tiny" in readme
+
+
+def test_transformers_reference_kernel_notice_is_said_once_per_process(tmp_path):
+    """Two loads of two families that fall back to four reference kernels between them: one line, not one per kernel."""
+    code = (
+        "import torch, nnterp\n"
+        "from nnterp.testing import tiny_checkpoint\n"
+        "for model_type in ('mamba', 'qwen3_5_text', 'mamba'):\n"
+        "    model = nnterp.StandardizedTransformer(str(tiny_checkpoint(model_type)), dispatch=True, device='cpu')\n"
+        "    with torch.no_grad(), model.trace('Hello world'):\n"
+        "        model.logits.save()\n"
+        "    print('loaded', model_type, flush=True)\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("loaded") == 3
+    notices = [line for line in done.stderr.splitlines() if "falling back to its reference PyTorch implementation" in line]
+    assert len(notices) == 1, notices
+    assert "once per process" in notices[0]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from nnterp import NnterpError, StandardizedTransformer, Unavailable
 from nnterp.families import MODEL_TYPES
@@ -407,3 +407,26 @@ def test_token_activations_by_value_and_patchscope(model_type, load):
         model.layers_output[model.num_layers - 1][:, -1] = default[model.num_layers - 1, 0]
         expected = model.next_token_probs.save()
     torch.testing.assert_close(probs[0, 1], expected[0], rtol=0, atol=1e-5)
+
+
+def _hf_softmax_attention(plain, ids) -> bool:
+    """Whether transformers' own forward forms softmax attention weights: a ``[batch, heads, seq, seq]`` output whose rows sum to 1."""
+    try:
+        out = plain(ids, output_attentions=True)
+    except (TypeError, ValueError):  # a model without output_attentions
+        return False
+    seq = ids.shape[1]
+    return any(
+        a is not None and a.dim() == 4 and a.shape[-2:] == (seq, seq) and torch.allclose(a.sum(-1), torch.ones(()), atol=1e-4)
+        for a in (getattr(out, "attentions", None) or ())
+    )
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_attn_probs_available_is_true_exactly_where_softmax_attention_runs_eager(model_type, checkpoint):
+    path = str(checkpoint(model_type))
+    ids = AutoTokenizer.from_pretrained(path)(PROMPT, return_tensors="pt").input_ids
+    has_softmax = _hf_softmax_attention(AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval(), ids)
+    assert StandardizedTransformer(path, enable_attention_probs=True).attn_probs_available is has_softmax
+    default = AutoModelForCausalLM.from_pretrained(path).config.get_text_config()._attn_implementation
+    assert StandardizedTransformer(path).attn_probs_available is (has_softmax and default == "eager")

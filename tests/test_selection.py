@@ -221,7 +221,7 @@ def test_bad_layers_and_positions_are_refused_with_what_to_ask_for(load):
                 with model.trace(ids):
                     model.states_of(layers=layers)
         with (
-            pytest.raises(PositionError, match=r"layer 4 is outside the model's 4 layers \(0\.\.3\)"),
+            pytest.raises(PositionError, match=r"layer 4 is out of range for the model's 4 layers; a layer index is in \[-4, 4\)"),
             model.trace(ids),
         ):
             model.states_of(layers=[0, 4])

@@ -42,7 +42,7 @@ FAST_STATES = (
 FINAL_STATE = (
     "a prompt's chunked kernel returns its final state beside its outputs, which do not read it, so no gradient "
     "reaches it: states.grad[:, -1] is the derivative by the state after the last token, and state_output.grad is "
-    "served once the token loop runs the prompt (route_kernels(family, 'torch'))"
+    "served once the token loop runs the prompt (route_kernels(family, 'torch'); chunk_per_token(model) on Mamba-2)"
 )
 
 #: Values no gradient of the model's outputs reaches, whatever the settings.

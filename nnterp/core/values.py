@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from nnsight.intervention.eproperty import eproperty
 from nnsight.intervention.interleaver import Mediator
 from nnsight.intervention.util import first_input, replace_first_input
@@ -130,6 +131,29 @@ def _rebuild(cls: type, state: dict) -> Any:
     return value
 
 
+class _Served(torch.utils.weak.WeakIdKeyDictionary):
+    """Tensors served while autograd records -> ``(envoy, value name)``; pickled empty (a request carries none)."""
+
+    def __reduce__(self) -> tuple:
+        return type(self), ()
+
+
+#: What each tensor served under autograd is, so a ``.grad`` nnsight could not serve is named (`served_as`).
+SERVED = _Served()
+
+
+def noted(envoy: Any, name: str, value: Any) -> Any:
+    """``value``, remembered as ``envoy``'s ``name`` when it is a tensor served while autograd records."""
+    if isinstance(value, torch.Tensor) and torch.is_grad_enabled():
+        SERVED[value] = (envoy, name)
+    return value
+
+
+def served_as(tensor_id: int) -> tuple | None:
+    """``(envoy, value name)`` of the live served tensor whose ``id`` is ``tensor_id``, or ``None``."""
+    return next((where for tensor, where in list(SERVED.items()) if id(tensor) == tensor_id), None)
+
+
 class EProperty(eproperty):
     """A value served at a location, readable and (unless ``writable=False``) writable.
 
@@ -219,7 +243,7 @@ class EProperty(eproperty):
             return self
         self.check(obj)
         value = select_from(Mediator.value(self._location(obj)), self.select)
-        return self.read_view(obj, value) if self.read_view is not None else value
+        return noted(obj, self.name, self.read_view(obj, value) if self.read_view is not None else value)
 
     def __set__(self, obj: Any, value: Any) -> None:
         if not self.writable:
@@ -267,7 +291,7 @@ class DerivedEProperty(EProperty):
         if obj is None:
             return self
         self.check(obj)
-        return self.compute(obj)
+        return noted(obj, self.name, self.compute(obj))
 
     def __set__(self, obj: Any, value: Any) -> None:
         if self.assign is None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..core.errors import UnsupportedModel
 from ..core.local import LocalDict
+from ..recurrent import routing
 from .base import Family
 
 
@@ -114,6 +115,24 @@ def family_for(config_or_model_type: Any) -> type[Family]:
             f"and its tests in tests/families/test_{model_type or '<model_type>'}.py"
         )
     return REGISTRY[model_type]
+
+
+def family_of_modeling(modeling: Any) -> type[Family] | None:
+    """The registered family whose ``MODELING`` is ``modeling`` (a transformers modeling module), or ``None``.
+
+    ``transformers.models.<model_type>.modeling_<model_type>`` is looked up by
+    its folder's name first (importing one family file); otherwise every
+    family the installed release has is asked.
+    """
+    folder = getattr(modeling, "__name__", "").split(".")[2:3]
+    candidates = [folder[0]] if folder and folder[0] in REGISTRY else []
+    for model_type in [*candidates, *(name for name in _files() if name not in candidates)]:
+        if absent(model_type) is None and REGISTRY[model_type].MODELING is modeling:
+            return REGISTRY[model_type]
+    return None
+
+
+routing.MODELING_LOOKUP.append(family_of_modeling)
 
 
 def absent(model_type: str) -> str | None:

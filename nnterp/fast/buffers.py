@@ -16,14 +16,15 @@ arithmetic (``docs/performance.md``). So:
   device memory. A mapping in use is never handed out: the tensor's storage
   holds a reference to it, which is how idleness is told.
 * By default the pool is bounded by what the last read needed: a *read* runs
-  from a request made while no mapping is in use until the next such
-  request, and its need is the most bytes it held in use at once. Each
-  request unmaps idle mappings (least recently used first) until the pool,
-  in use and idle, holds at most the larger of this read's and the previous
-  read's need. So after a read whose results are all deleted, the idle
-  mappings are at most that read's need (or the previous one's, if it was
-  larger, until the next read), and a sweep reading the same shapes reuses
-  every mapping. ``NNTERP_STATES_CACHE_MB`` sets an explicit bound on the
+  from a request made while no mapping is in use until its last buffer is
+  freed, and its need is the most bytes it held in use at once. While a read
+  runs, each request unmaps idle mappings (least recently used first) until
+  the pool, in use and idle, holds at most the larger of this read's and the
+  previous read's need (the next request of a sweep may want them); when its
+  last buffer is freed, the idle mappings are cut to this read's need. So
+  after a read whose results are all deleted, the idle mappings are at most
+  that read's need, and a sweep reading the same shapes reuses every mapping.
+  ``NNTERP_STATES_CACHE_MB`` sets an explicit bound on the
   idle bytes instead (``0``: keep nothing idle), read at import;
   `empty_cache` drops every idle mapping now, `cached_bytes` says what is
   kept.
@@ -38,6 +39,7 @@ from __future__ import annotations
 import mmap
 import os
 import sys
+import weakref
 from collections.abc import Sequence
 from math import prod
 
@@ -76,8 +78,8 @@ def _configured_cache_bytes() -> int | None:
 HUGE_PAGES = _huge_pages_available()
 #: The explicit bound on idle bytes (``NNTERP_STATES_CACHE_MB``), or ``None``: the last read's need.
 CACHE_BYTES = _configured_cache_bytes()
-#: The most bytes in use at once during the current read, and during the previous one.
-_NEED = {"current": 0, "previous": 0}
+#: The most bytes in use at once during the current read, and during the previous one; whether a read runs.
+_NEED = {"current": 0, "previous": 0, "open": False}
 
 
 def empty_states(shape: Sequence[int], device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -87,8 +89,20 @@ def empty_states(shape: Sequence[int], device: torch.device | str = "cpu", dtype
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     if device.type != "cpu" or not HUGE_PAGES or nbytes < THRESHOLD:
         return torch.empty(tuple(shape), device=device, dtype=dtype)
-    # frombuffer holds a reference to the mapping for as long as the storage lives.
-    return torch.frombuffer(_take(nbytes), dtype=dtype, count=numel).view(tuple(shape))
+    # frombuffer holds the view, and the view the mapping, for as long as the storage lives; the view's
+    # finalizer runs when the storage is freed, after the view let go of the mapping.
+    view = memoryview(_take(nbytes))
+    weakref.finalize(view, _freed)
+    return torch.frombuffer(view, dtype=dtype, count=numel).view(tuple(shape))
+
+
+def _freed() -> None:
+    """A buffer's storage was freed: if it was the read's last, cut the idle mappings to what the read needed."""
+    if not _NEED["open"] or cached_bytes()[0]:
+        return
+    _NEED["previous"], _NEED["current"], _NEED["open"] = _NEED["current"], 0, False
+    if CACHE_BYTES is None:
+        _trim(_NEED["previous"])
 
 
 def _idle(index: int) -> bool:
@@ -104,8 +118,9 @@ def _take(nbytes: int):
         if nbytes <= size <= 2 * nbytes and _idle(index) and (best is None or size < len(_POOL[best])):
             best = index
     in_use, _ = cached_bytes()
-    if in_use == 0:  # a new read begins
+    if in_use == 0 and _NEED["open"]:  # a new read begins before `_freed` closed the last one
         _NEED["previous"], _NEED["current"] = _NEED["current"], 0
+    _NEED["open"] = True
     if best is not None:
         mapping = _POOL.pop(best)
     else:

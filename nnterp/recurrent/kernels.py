@@ -12,6 +12,7 @@ and keeps what the module bound at import in its ``STASH`` (`original`).
 from __future__ import annotations
 
 import inspect
+import logging
 import sys
 from collections.abc import Callable
 from types import FunctionType, ModuleType
@@ -25,6 +26,46 @@ from .settings import runs_remotely
 
 #: Attribute of a modeling module holding the bindings it had at import (written by `routing`).
 STASH = "_nnterp_kernels"
+
+
+class FallbackNotice(logging.Filter):
+    """transformers' "falling back to its reference PyTorch implementation" warnings, said once per process.
+
+    transformers warns once per kernel name, so a process loading a hybrid
+    prints one line per missing kernel, and each new family adds its own. The
+    first goes through, saying it stands for the others; the rest are dropped.
+    Installed on transformers' hub-kernel logger when nnterp is imported.
+    """
+
+    PHRASE = "is falling back to its reference PyTorch implementation"
+
+    def __init__(self) -> None:
+        super(FallbackNotice, self).__init__()
+        self.said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if self.PHRASE not in message:
+            return True
+        if self.said:
+            return False
+        self.said = True
+        record.msg = (
+            f"{message} (nnterp shows this once per process: other recurrent kernels whose package is missing also "
+            "run transformers' reference PyTorch bodies, unannounced)"
+        )
+        record.args = ()
+        return True
+
+
+def announce_fallbacks_once() -> None:
+    """Install one `FallbackNotice` on transformers' hub-kernel logger (again on re-import: a no-op)."""
+    logger = logging.getLogger("transformers.integrations.hub_kernels")
+    if not any(type(f).__name__ == FallbackNotice.__name__ for f in logger.filters):
+        logger.addFilter(FallbackNotice())
+
+
+announce_fallbacks_once()
 
 
 def closure(fn: Any) -> dict:

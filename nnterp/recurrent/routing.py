@@ -44,6 +44,11 @@ def track(mixer: Any) -> None:
     _LIVE.add(mixer)
 
 
+#: ``[lookup]``: ``lookup(modeling module) -> family or None``, installed by `nnterp.families` (the layer that
+#: knows the registry), so a modeling module names its family before any model of it is loaded.
+MODELING_LOOKUP: list = []
+
+
 class _LiveFamily:
     """A transformers modeling module seen as a family: the mixers of it nnterp has wrapped."""
 
@@ -58,9 +63,11 @@ class _LiveFamily:
 def family_of(target: Any) -> Any:
     """The family ``target`` names: a family (``model.family``), a standardized model, a family's file, or a modeling module.
 
-    A transformers modeling module is known by the mixers of it nnterp has
-    wrapped (no family is imported from here); anything else is an error
-    saying what was expected.
+    A transformers modeling module names the registered family that wraps it
+    (`MODELING_LOOKUP`, filled by `nnterp.families`), so routing it works
+    before any model of it is loaded; a module no family wraps is known by
+    the mixers of it nnterp has wrapped. Anything else is an error saying
+    what was expected.
     """
     if hasattr(target, "MODELING") and hasattr(target, "COMPONENTS"):
         return target
@@ -74,6 +81,10 @@ def family_of(target: Any) -> Any:
     if declared:
         return declared[-1]  # a family's file: the family it declares
     if isinstance(target, ModuleType) and target.__name__.startswith("transformers.models."):
+        for lookup in MODELING_LOOKUP:
+            family = lookup(target)
+            if family is not None:
+                return family
         return _LiveFamily(target)
     raise WrongType(
         "route_kernels takes a family (model.family), a StandardizedTransformer or a family's transformers "
@@ -137,7 +148,8 @@ def route_kernels(family: Any, mode: str) -> Routing:
     the standardized model itself.
 
     Returns a `Routing`: ``with nnterp.route_kernels(family, "torch"):``
-    restores the previous binding on exit.
+    restores the previous binding on exit. A call interrupted (Ctrl-C, any
+    exception) before it returns changes nothing.
     """
     if mode not in MODES:
         raise InvalidArgument(f"route_kernels mode must be one of {MODES}, got {mode!r}")
@@ -163,8 +175,17 @@ def route_kernels(family: Any, mode: str) -> Routing:
         if labels["STATE_OP"] is not None and not component.ONE_STEP_DECODE and component.CHUNK_FUNCTION:
             target[component.CHUNK_FUNCTION] = target[component.RECURRENT_FUNCTION]
     previous = {name: modeling.__dict__[name] for name in target}
-    _rebind(modeling, target)
-    return Routing(modeling, previous)
+    # One step under interrupts, up to the caller holding the `Routing`: a Ctrl-C held meanwhile (raised when the
+    # step ends) or raised at any line before the return puts the previous bindings back, so an interrupted call
+    # leaves the process as it was.
+    try:
+        with interrupts_held():
+            _rebind(modeling, target)
+            return Routing(modeling, previous)
+    except BaseException:
+        with interrupts_held():
+            _rebind(modeling, previous)
+        raise
 
 
 def route_delta_rule(family: Any, mode: str) -> Routing:

@@ -221,6 +221,33 @@ def test_idle_mappings_are_bounded_by_the_last_reads_need(monkeypatch):
         assert buffers.cached_bytes() == (0, sum(sizes) * MIB), sizes
 
 
+def _still_mapped(addresses: set, nbytes: int) -> set:
+    """The addresses whose ``nbytes`` are mapped in this process now, from ``/proc/self/maps`` (not the pool's accounting)."""
+    with open("/proc/self/maps") as handle:
+        regions = [tuple(int(x, 16) for x in line.split()[0].split("-")) for line in handle]
+    return {a for a in addresses if any(start <= a and a + nbytes <= end for start, end in regions)}
+
+
+@pytest.mark.skipif(not buffers.HUGE_PAGES, reason="no transparent huge pages here")
+def test_a_smaller_read_after_a_larger_one_keeps_only_what_it_needs(monkeypatch):
+    """The finding: three 48 MiB reads held together, deleted, then one 48 MiB read: 144 MiB stayed mapped."""
+    monkeypatch.setattr(buffers, "CACHE_BYTES", None)
+    buffers.empty_cache()
+    assert buffers.cached_bytes()[0] == 0, "another test holds a state buffer"
+    held = [_read(48) for _ in range(3)]  # held together: one read that needs 144 MiB
+    addresses = {t.data_ptr() for read in held for t in read}
+    assert len(addresses) == 3 and _still_mapped(addresses, 48 * MIB) == addresses
+    del held
+    assert buffers.cached_bytes() == (0, 144 * MIB)  # that read's need, kept for a sweep
+    last = _read(48)
+    addresses |= {t.data_ptr() for t in last}
+    assert buffers.cached_bytes()[0] == 48 * MIB
+    del last
+    assert buffers.cached_bytes() == (0, 48 * MIB), "the last read needed 48 MiB"
+    assert len(_still_mapped(addresses, 48 * MIB)) == 1, "the other two mappings are unmapped"
+    assert buffers.empty_cache() == 48 * MIB and not _still_mapped(addresses, 48 * MIB)
+
+
 @pytest.mark.skipif(not buffers.HUGE_PAGES, reason="no transparent huge pages here")
 def test_a_sweep_of_the_same_shapes_reuses_every_mapping(monkeypatch):
     monkeypatch.setattr(buffers, "CACHE_BYTES", None)

@@ -89,7 +89,27 @@ def test_grad_rows_match_what_backward_reaches(load, model_type, setting_name):
                 value, grad = read_grad(model, mix, name)
                 assert grad.shape == value.shape and grad.abs().sum() > 0, (model_type, setting_name, name)
             else:
-                with pytest.raises((OutOfOrderError, NnterpError)):
+                with pytest.raises(NnterpError):  # nnterp's own error, not nnsight's OutOfOrderError
                     read_grad(model, mix, name)
             checked += 1
     assert checked >= 5
+
+
+#: Every family whose prompt runs a chunked kernel that returns the final state beside its outputs.
+CHUNKED = tuple(
+    f.NAME for f in reversed(families())
+    if f.MIXER is not None and f.MIXER.__name__ in ("LinearAttention", "KimiDeltaAttention", "StateSpace")
+)
+
+
+@pytest.mark.parametrize("model_type", CHUNKED)
+def test_state_output_grad_under_the_chunked_kernel_is_refused_with_supports_reason(load, model_type):
+    """Not nnsight's raw OutOfOrderError: nnterp's `Unavailable`, with the sentence support() lists for the row."""
+    model = load(model_type)
+    layer = next(i for i, block in enumerate(model.layers) if getattr(block, "linear_attn", None) is not None)
+    reason = rows(model, layer)["state_output"]
+    assert reason is not None and "chunked kernel" in reason
+    with pytest.raises(nnterp.Unavailable) as raised:
+        read_grad(model, model.layers[layer].linear_attn, "state_output")
+    assert raised.value.reason == reason and "state_output.grad" in str(raised.value)
+    assert not isinstance(raised.value, OutOfOrderError)

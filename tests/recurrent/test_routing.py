@@ -189,15 +189,74 @@ def test_a_real_sigint_while_routing_is_held_until_the_step_is_done(qwen, monkey
         signal.raise_signal(signal.SIGINT)
         return original(modeling, names)
 
+    nnterp.route_kernels(qwen.family, "default")  # stash the originals
+    before = _bound(qwen.family)
     monkeypatch.setattr(routing, "reinstrument", signalled)
     try:
         with pytest.raises(KeyboardInterrupt):
             nnterp.route_kernels(qwen.family, "torch")
-        assert qwen.support()["linear_attn.states"] is None, "the step completed before the interrupt was raised"
+        # Held until the step was done, then raised before the caller got the Routing: the step is undone.
+        assert _bound(qwen.family) == before and qwen.support()["linear_attn.states"] is not None
     finally:
         monkeypatch.setattr(routing, "reinstrument", original)
         nnterp.route_kernels(qwen.family, "default")
-    assert qwen.support()["linear_attn.states"] is not None
+
+
+class _InterruptAtLine:
+    """A tracer raising ``KeyboardInterrupt`` at the ``at``-th line nnterp executes (as a Ctrl-C landing there)."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.seen, self.fired = at, 0, False
+
+    def __call__(self, frame, event, arg):
+        if "/nnterp/" not in frame.f_code.co_filename:
+            return None  # no line events inside torch, nnsight, transformers: their own steps are atomic to us
+        if event == "line" and not self.fired:
+            self.seen += 1
+            if self.seen == self.at:
+                self.fired = True
+                raise KeyboardInterrupt
+        return self
+
+
+@pytest.mark.parametrize("model_type", ON_A_MODEL)
+def test_an_interrupt_at_any_line_of_route_kernels_leaves_the_process_unrouted(load, model_type):
+    """Ctrl-C at each line route_kernels (and what it calls in nnterp) executes: bindings, support() and logits as unrouted."""
+    import sys
+
+    model = load(model_type)
+    family = model.family
+    nnterp.route_kernels(family, "default")  # stash the originals; warm the label caches
+    with nnterp.route_kernels(family, "torch"):
+        pass
+    before, support = _bound(family), model.support()
+    with nnterp.route_kernels(family, "torch"):
+        assert _bound(family) != before  # routing changes something this test can see
+    with torch.no_grad(), model.trace(PROMPT):
+        plain = model.logits.save()
+    at = 0
+    while True:
+        at += 1
+        tracer = _InterruptAtLine(at)
+        sys.settrace(tracer)
+        try:
+            routing = nnterp.route_kernels(family, "torch")
+        except KeyboardInterrupt:
+            routing = None
+        finally:
+            sys.settrace(None)
+        if routing is not None:  # past every line: the call completed
+            assert not tracer.fired
+            routing.__exit__(None, None, None)
+            break
+        assert tracer.fired, f"line {at}: an interrupt not injected by the test"
+        assert _bound(family) == before, f"line {at}: kernel names left routed"
+        assert model.support() == support, f"line {at}: support() says routed"
+        with torch.no_grad(), model.trace(PROMPT):
+            logits = model.logits.save()
+        torch.testing.assert_close(logits, plain, rtol=0, atol=0, msg=f"line {at}")
+    assert at > 10, "route_kernels ran fewer lines than expected: the tracer missed them"
+    assert _bound(family) == before
 
 
 def test_a_repeated_default_repairs_a_mixer_compiled_over_the_routed_kernels(qwen):
@@ -215,3 +274,67 @@ def test_a_repeated_default_repairs_a_mixer_compiled_over_the_routed_kernels(qwe
     assert not _sourced(qwen)[0], "the mixer compiled over the routed kernels is reset"
     with pytest.raises(nnterp.Unavailable), qwen.trace(PROMPT):
         qwen.layers[0].linear_attn.states
+
+
+_FRESH = r'''
+import importlib, json, sys
+import torch
+order, out = sys.argv[1], sys.argv[2]
+cases = json.loads(sys.argv[3])
+modules = {model_type: importlib.import_module(name) for model_type, name in cases}  # first thing: the modeling modules
+import nnterp
+from nnterp.testing import tiny_checkpoint
+
+found, states = {}, {}
+for model_type, _ in cases:
+    modeling = modules[model_type]
+    if order == "route-then-load":
+        routing = nnterp.route_kernels(modeling, "torch")
+    model = nnterp.StandardizedTransformer(str(tiny_checkpoint(model_type)), dispatch=True, device="cpu")
+    if order == "load-then-route":
+        routing = nnterp.route_kernels(model.family, "torch")
+    bound = {name: f"{modeling.__dict__[name].__module__}.{modeling.__dict__[name].__qualname__}" for name in routing.previous}
+    support = model.support()["linear_attn.states"]
+    layer = next(i for i, block in enumerate(model.layers) if block.linear_attn is not None)
+    if model.support()["linear_attn.states"] is None or isinstance(support, (list, dict)) and support[layer] is None:
+        with torch.no_grad(), model.trace("The Eiffel Tower is in the city of"):
+            states[model_type] = model.layers[layer].linear_attn.states.save()
+    changed = sorted(name for name in routing.previous if modeling.__dict__[name] is not routing.previous[name])
+    routing.__exit__(None, None, None)
+    restored = all(modeling.__dict__[name] is routing.previous[name] for name in routing.previous)
+    found[model_type] = dict(bound=bound, support=json.loads(json.dumps(support)), changed=changed, restored=restored)
+torch.save(states, out + ".pt")
+print(json.dumps(found))
+'''
+
+
+def _fresh_process(order: str, cases: list, tmp_path) -> tuple[dict, dict]:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = str(tmp_path / order)
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run(
+        [sys.executable, "-c", _FRESH, order, out, json.dumps(cases)], capture_output=True, text=True, env=env, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), torch.load(out + ".pt")
+
+
+def test_routing_a_modeling_module_works_first_thing_in_a_fresh_process(tmp_path):
+    """The spec's order: import the modeling module, route it, then load a model of it; as routing ``model.family`` after loading binds."""
+    cases = sorted({(family.NAME, family.MODELING.__name__) for family in RECURRENT}, key=lambda case: case[1])
+    cases = [case for index, case in enumerate(cases) if case[1] not in {c[1] for c in cases[:index]}]  # one per module
+    routed_first, states_first = _fresh_process("route-then-load", cases, tmp_path)
+    loaded_first, states_loaded = _fresh_process("load-then-route", cases, tmp_path)
+    assert routed_first == loaded_first
+    for model_type, found in routed_first.items():
+        assert found["bound"] and found["restored"], model_type  # RWKV's kernel is pure torch already: none changed
+    assert sum(bool(found["changed"]) for found in routed_first.values()) > len(routed_first) // 2
+    assert set(states_first) == set(states_loaded) and states_first
+    for model_type in states_first:
+        torch.testing.assert_close(states_first[model_type], states_loaded[model_type], rtol=0, atol=0, msg=model_type)
