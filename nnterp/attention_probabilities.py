@@ -39,11 +39,15 @@ class AttentionProbabilities(LayerAccessor):
 
     @property
     def enabled(self) -> bool:
-        """Whether the weights are served now: the model runs eager attention and `disable` was not called."""
+        """Whether the weights are served now: some layer's softmax attention serves them (it runs eager) and
+        `disable` was not called. ``False`` on a model without softmax attention (Mamba, RWKV, xLSTM)."""
         if self._disabled:
             return False
-        config = self.model.family.text_config(self.model._module.config)
-        return getattr(config, "_attn_implementation", None) == "eager"
+        for layer in self.model.layers:
+            attention = layer.self_attn
+            if attention is not None and type(attention).values()["attention_probabilities"].reason(attention) is None:
+                return True
+        return False
 
     def disable(self) -> None:
         """Refuse every later read and write of the weights (1.x's switch; nothing turns it back on)."""
