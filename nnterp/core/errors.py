@@ -10,6 +10,7 @@ expects, so ``except ValueError`` / ``except TypeError`` catch it as they catch
 torch's and numpy's own; each names what was expected and what came:
 
     WrongType      (NnterpError, TypeError)   not a tensor where one is written, a float for a position
+    InvalidArgument(NnterpError, ValueError)  a value outside what the function accepts (a stepped tracer.iter)
     ShapeError     (NnterpError, ValueError)  a tensor of the wrong shape
     DtypeError     (NnterpError, TypeError)   a tensor of the wrong dtype (cast it with ``.to(dtype)``)
     DeviceError    (NnterpError, ValueError)  a tensor on the wrong device (move it with ``.to(device)``)
@@ -65,6 +66,11 @@ class RoutingError(NnterpError):
 
 class WrongType(NnterpError, TypeError):
     """A value of the wrong Python type: not a tensor where a tensor is written, a float for a position."""
+
+
+class InvalidArgument(NnterpError, ValueError):
+    """An argument of the right type outside what the function accepts: an unknown mode or name, two arguments
+    that exclude each other, a layer without the part the function needs, a model without the mixers it sets."""
 
 
 class ShapeError(NnterpError, ValueError):

@@ -7,7 +7,7 @@ from transformers.models.rwkv.configuration_rwkv import RwkvConfig
 
 from ..components.layer import Layer
 from ..components.wkv import WKV
-from ..core.errors import NnterpError
+from ..core.errors import InvalidArgument
 from ..core.interrupts import interrupts_held
 from .base import RealCheckpoint
 from .mamba import Mamba
@@ -115,7 +115,7 @@ class RwkvRun:
         tokens = ids if ids is not None else kwargs.get("inputs_embeds")
         state = kwargs.get("state", args[3] if len(args) > 3 else None)
         if state is not None and tokens is not None and tokens.shape[0] > 1 and tokens.shape[1] == 1:
-            raise NnterpError(self.refused)
+            raise InvalidArgument(self.refused)
 
 
 class KeepScale:
