@@ -12,8 +12,9 @@
     model.next_token_probs                [batch, vocab], at each row's last token
 
 It is nnsight's ``TransformersModel`` (``trace``, ``generate``,
-``tracer.iter`` behave as there), built with one component per HF module
-class, as the family (``model.family``) declares. ``model.support()`` says,
+``tracer.iter`` behave as there, except that ``tracer.iter`` refuses a slice
+with a step, which nnsight drops: `StepCheckedTracer`), built with one
+component per HF module class, as the family (``model.family``) declares. ``model.support()`` says,
 for every value on every layer, whether it can be served now and why not.
 """
 
@@ -28,6 +29,8 @@ from typing import Any
 import torch
 from nnsight import TransformersModel
 from nnsight.intervention.interleaver import OutOfOrderError
+from nnsight.intervention.iterator import Iterations
+from nnsight.intervention.tracer import InterleavingTracer
 from torch._guards import detect_fake_mode
 
 from .accessors import OneXInterface, check_standard_names, constructor_keywords
@@ -159,6 +162,31 @@ class _OutputLogits(Unwrap):
         if hasattr(value, "logits"):
             return type(value)(**{**value, "logits": element})
         return (element, *value[1:])
+
+
+class StepCheckedIterations(Iterations):
+    """nnsight's ``tracer.iter[...]``, refusing a slice with a step before it runs every step of the range."""
+
+    def __getitem__(self, key: Any) -> Iterations:
+        if isinstance(key, slice) and key.step not in (None, 1):
+            start = key.start or 0
+            span = f"{start}:{'' if key.stop is None else key.stop}:{key.step}"
+            listed = f"tracer.iter[list(range({start}, {key.stop}, {key.step}))]" if key.stop is not None else "a list of steps"
+            raise InvalidArgument(
+                f"tracer.iter[{span}]: nnsight drops a slice's step and would run every step "
+                f"{'from ' + str(start) + ' on' if key.stop is None else f'from {start} to {key.stop - 1}'}; pass the steps "
+                f"as a list ({listed}), or test the step inside the loop (`for step in tracer.iter[...]: if step % "
+                f"{key.step} == ...`)"
+            )
+        return super(StepCheckedIterations, self).__getitem__(key)
+
+
+class StepCheckedTracer(InterleavingTracer):
+    """The tracer of a local ``trace`` / ``generate``: nnsight's, with `StepCheckedIterations` as ``tracer.iter``."""
+
+    @property
+    def iter(self) -> Iterations:
+        return StepCheckedIterations()
 
 
 class StandardizedTransformer(OneXInterface, TransformersModel):
@@ -319,8 +347,15 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
     # -- remote execution (docs/remote.md) --------------------------------------------------
 
     def trace(self, *inputs: Any, remote: bool | str | None = None, **kwargs: Any) -> Any:
-        """nnsight's ``trace``; ``remote`` defaults to the model's own (``remote=True`` at construction)."""
-        return super(StandardizedTransformer, self).trace(*inputs, remote=self.remote if remote is None else remote, **kwargs)
+        """nnsight's ``trace``; ``remote`` defaults to the model's own (``remote=True`` at construction).
+
+        A local run's tracer refuses a stepped ``tracer.iter`` slice (`StepCheckedTracer`); a remote one's block runs
+        on the server, under the server's tracer.
+        """
+        remote = self.remote if remote is None else remote
+        if not remote:
+            kwargs.setdefault("tracer_cls", StepCheckedTracer)
+        return super(StandardizedTransformer, self).trace(*inputs, remote=remote, **kwargs)
 
     def session(self, *args: Any, remote: bool | str | None = None, **kwargs: Any) -> Any:
         """nnsight's ``session``; ``remote`` defaults to the model's own."""

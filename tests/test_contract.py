@@ -7,7 +7,9 @@
 (c) writing a value back unchanged leaves the logits unchanged;
 (d) a block has exactly the parts its config says;
 (e) ``next_token_probs`` of a left-padded batch is each prompt's alone (or refused with the family's
-    ``PADDING_REFUSED`` where its model ignores the attention mask).
+    ``PADDING_REFUSED`` where its model ignores the attention mask);
+(f) a left-padded greedy ``generate`` is each prompt's alone, or, where the family declares
+    ``PADDING_DIFFERS``, exactly transformers' own padded generate (the declaration is checked, not trusted).
 """
 
 from __future__ import annotations
@@ -183,3 +185,23 @@ def test_next_token_probs_of_a_left_padded_batch_is_each_prompt_alone(case):
             alone = model.next_token_probs.save()
         torch.testing.assert_close(batch[row], alone[0], rtol=1e-4, atol=1e-5, msg=f"row {row}")
     assert not torch.allclose(batch[0], batch[1], atol=1e-3)
+
+
+def test_a_left_padded_generate_is_each_prompt_alone_or_the_family_says_why(case):
+    """(f) Greedy ``generate`` of a left-padded batch: each row is what transformers generates from its prompt alone,
+    unless the family declares ``PADDING_DIFFERS`` (then exactly transformers' own padded generate) or refuses padding."""
+    _, model, path = case
+    if model.family.PADDING_REFUSED is not None:
+        return  # refused before it runs: test_next_token_probs_of_a_left_padded_batch_is_each_prompt_alone
+    hf = AutoModelForCausalLM.from_pretrained(path).eval()
+    settings = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    with torch.no_grad(), model.generate([PROMPT, OTHER], **settings) as tracer:
+        batch = tracer.result.save()
+    padded = model.tokenizer([PROMPT, OTHER], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        ours = hf.generate(**padded, **settings)
+        alone = [hf.generate(**model.tokenizer(prompt, return_tensors="pt"), **settings)[0, -4:] for prompt in (PROMPT, OTHER)]
+    assert torch.equal(batch, ours), "nnterp serves what transformers' own padded generate computes"
+    differs = [row for row in range(2) if not torch.equal(batch[row, -4:], alone[row])]
+    if model.family.PADDING_DIFFERS is None:
+        assert differs == [], f"rows {differs} differ from their prompt alone, and the family declares no PADDING_DIFFERS"

@@ -21,6 +21,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from ..core import indices
 from ..core.calls import mediator
 from ..core.dims import BATCH, MIXER_HEADS, SEQ, Values
 from ..core.errors import SignatureError, Unavailable
@@ -77,7 +78,9 @@ def effective_attention_of(self, positions: Any = None, heads: Any = None, chann
     len(heads or channels), len(positions), seq]``, float32, and costs
     ``4 · batch · len(heads) · len(positions) · seq`` bytes. ``heads``
     selects a gated DeltaNet's value heads or Mamba-2's heads, ``channels``
-    Mamba-1's channels; the other one raises.
+    Mamba-1's channels; the other one raises. Indices are checked as
+    ``states_of`` checks its positions (`nnterp.core.indices`): a float or a
+    bool raises `WrongType`, one outside the axis `PositionError`.
     """
     what = "linear_attn.effective_attention_of"
     reason = _effective_reason(self)
@@ -89,7 +92,11 @@ def effective_attention_of(self, positions: Any = None, heads: Any = None, chann
     if other is not None:
         wrong = "channels" if axis == "heads" else "heads"
         raise SignatureError(f"`{what}`: {type(self).__name__}'s effective attention has one pattern per {axis[:-1]}: pass {axis}=, not {wrong}=")
-    return self._effective(positions, chosen, True)[0]
+    seq = self._record().seq
+    rows = indices.selection(positions, seq, what, "position")
+    width = self.dims()[type(self).values()["effective_attention"].annotation.dim_str.split()[1]]
+    picked = indices.selection(chosen, width, what, axis[:-1], f"the mixer's {width} {axis}")
+    return self._effective(rows, picked, True)[0]
 
 def effective_values(self, positions: Any, selection: Any, coefficients: bool) -> tuple:
     """``(A, readout)`` of this call, from its kernel's arguments by name, tokens first."""

@@ -82,6 +82,7 @@ from typing import Any
 import torch
 from nnsight.intervention.interleaver import Mediator
 
+from ..core import indices
 from ..core.calls import mediator, pinned
 from ..core.dims import ConvState, Gates, Hidden, Queries, State, States, Values
 from ..core.errors import OrderError, SignatureError, Unavailable
@@ -104,17 +105,6 @@ NO_ITERATION = (
 NO_BETA = "lightning attention has no write strength β: each token adds k_tᵀ v_t to the state unscaled"
 NO_CONV = "lightning attention has no short convolution, so no convolution window"
 _NO_CACHE = "this call runs without a cache, so the forward reads no entering state: run it with use_cache=True"
-
-
-def _index(selection: Any, size: int) -> Any:
-    """``selection`` as an index keeping its axis: all, a slice, or a list of (non-negative) indices."""
-    if selection is None:
-        return slice(None)
-    if isinstance(selection, slice):
-        return selection
-    if isinstance(selection, int):
-        selection = [selection]
-    return torch.as_tensor(list(selection) if isinstance(selection, range) else selection, dtype=torch.long) % size
 
 
 class LightningAttention(Standard):
@@ -343,14 +333,18 @@ class LightningAttention(Standard):
         """Rows ``positions`` of `effective_attention`, for some ``heads`` only: ``[batch, len(heads), len(positions), seq]``.
 
         ``positions``, ``heads``: ``None`` (all), an int, a slice, a range, a
-        list or a tensor of indices (negative ones count from the end).
+        list or a tensor of indices (negative ones count from the end),
+        checked as ``states_of`` checks its positions (`nnterp.core.indices`).
         Computed whole, then selected (``4 · batch · heads · seq²`` bytes).
         """
         mediator("`linear_attn.effective_attention_of`")
         if channels is not None:
             raise SignatureError("`linear_attn.effective_attention_of`: lightning attention has one pattern per head: pass heads=, not channels=")
+        what = "linear_attn.effective_attention_of"
         A = self._effective()[0]
-        return A[:, _index(heads, A.shape[1])][:, :, _index(positions, A.shape[2])]
+        picked = indices.selection(heads, A.shape[1], what, "head", f"the mixer's {A.shape[1]} heads")
+        rows = indices.selection(positions, A.shape[2], what, "position")
+        return A[:, slice(None) if picked is None else picked][:, :, slice(None) if rows is None else rows]
 
     # -- values ----------------------------------------------------------------------
 

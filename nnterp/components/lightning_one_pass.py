@@ -17,9 +17,13 @@ the mLSTM for their kernels.
 
 It applies when ``states`` is read before the block loop started, with no
 write to the call (a write rewrites the outputs after it, `lightning_run.rewrite`),
-on one invoke covering the batch, and where the installed release's forward
-binds the four products by the names below (found once per class; otherwise
-the loop runs and the states are computed beside it, as before). The outputs
+on one invoke covering the batch, where the installed release's forward
+binds the four products by the names below (found once per class), and where
+the decay buffers the loop reads (``query_decay``, ``key_decay``,
+``diagonal_decay``) are what ``slope_rate``, which the pass reads, gives them
+(`decays_agree`: a model loaded in bfloat16 then cast to float32 keeps them
+rounded apart); otherwise the loop runs and the states are computed beside it,
+as before. The outputs
 equal the block loop's to float32 rounding (a recurrence where the loop is
 blockwise), as the other one passes' do.
 """
@@ -72,12 +76,25 @@ def products_of(hf_mixer: type) -> dict | None:
     return FOUND[hf_mixer]
 
 
+def decays_agree(hf_mixer: Any) -> bool:
+    """Whether the block loop's decay buffers are, to float32 rounding, the ones the mixer's ``slope_rate`` gives."""
+    factors = getattr(hf_mixer, "decay_factors", None)
+    buffers = [getattr(hf_mixer, name, None) for name in ("query_decay", "key_decay", "diagonal_decay")]
+    if factors is None or any(buffer is None for buffer in buffers):
+        return False
+    with torch.no_grad():
+        expected = factors(hf_mixer.slope_rate.float())
+        return all(
+            b.shape == e.shape and torch.allclose(b.float(), e, rtol=1e-5, atol=0) for b, e in zip(buffers, expected)
+        )
+
+
 def states(mixer: Any, run: calls.Run) -> torch.Tensor | None:
     """The states by the one pass, the block loop's products skipped; ``None`` where it does not apply."""
     if not ONE_PASS or run.writes or run.decays_written or not calls.in_place(run) or not covers_the_batch():
         return None
     products = products_of(type(mixer._module))
-    if products is None:
+    if products is None or not decays_agree(mixer._module):
         return None
     med = mediator("`linear_attn.states`")
     ops = {variable: getattr(mixer.source, label) for variable, label in products.items()}
@@ -104,4 +121,4 @@ def states(mixer: Any, run: calls.Run) -> torch.Tensor | None:
     return out
 
 
-__all__ = ["states", "find_products", "ONE_PASS"]
+__all__ = ["states", "find_products", "decays_agree", "ONE_PASS"]

@@ -19,8 +19,9 @@ import torch
 from nnsight.intervention.interleaver import Mediator
 from nnsight.intervention.source import compiled, decorator_chain
 
+from ..core import indices
 from ..core.calls import mediator, per_call, pinned
-from ..core.errors import OrderError, PositionError, UnsupportedRelease, WrongType
+from ..core.errors import OrderError, UnsupportedRelease
 from ..core.local import LocalDict
 from ..fast.buffers import empty_states
 from ..fast.lightning import lightning_scan, lightning_states
@@ -120,12 +121,7 @@ def before(mixer, run: Run, name: str, what: str, moment: str) -> None:
 
 
 def position(mixer, run: Run, t: Any, what: str) -> int:
-    if not isinstance(t, int) or isinstance(t, bool):
-        raise WrongType(f"{what} takes a token position (an int), got {type(t).__name__}")
-    position = t + run.seq if t < 0 else t
-    if not 0 <= position < run.seq:
-        raise PositionError(f"{what}: position {t} is outside this call's {run.seq} tokens (0..{run.seq - 1})")
-    return position
+    return indices.index(t, run.seq, what)
 
 
 def segments(mixer, run: Run, stop: int | None = None) -> list:
@@ -243,11 +239,7 @@ def rewrite(mixer, run: Run, what: str) -> None:
 
 def positions(mixer, run: Run, selection: Any, what: str) -> list[int]:
     """``selection`` (a sequence of ints, a range, a 1-d tensor) as positions of this call, in the order given."""
-    if isinstance(selection, torch.Tensor):
-        selection = selection.reshape(-1).tolist() if selection.dim() <= 1 else selection
-    if isinstance(selection, (int, str, bytes, torch.Tensor)) or not hasattr(selection, "__iter__"):
-        raise WrongType(f"{what} takes a sequence of token positions (ints), got {type(selection).__name__}")
-    return [position(mixer, run, t, what) for t in selection]
+    return indices.sequence(selection, run.seq, what)
 
 
 def states_of(mixer, selection: Any) -> torch.Tensor:

@@ -16,7 +16,10 @@ the backend started, with no write to a state of the call, on float32
 arguments and entering state, without autograd recording them, with one
 invoke covering the batch, and with transformers' own backend in
 ``mode='inference'`` (not the external ``xlstm`` kernels, not a training
-mode). Everything else computes the states beside the backend, as before.
+mode) keeping its state in float32: the state dtype its sequence and step
+kernels were bound with (``config.inference_state_dtype`` when the backend
+was built), read off the backend itself. Everything else computes the states
+beside the backend, as before.
 The output equals the backend's to float32 rounding (a recurrence where the
 backend is chunkwise), as the other one passes' do.
 """
@@ -48,7 +51,19 @@ def native_backend(mixer: Any) -> bool:
     native = getattr(modeling, "xLSTMBackend", None)
     if native is None or type(backend) is not native or "inference" not in backend.config.mode:
         return False
-    return backend.chunkwise_kernel_fn is getattr(modeling, "mlstm_chunkwise_native_autograd", None)
+    return backend.chunkwise_kernel_fn is getattr(modeling, "mlstm_chunkwise_native_autograd", None) and state_dtypes(backend) == {
+        torch.float32
+    }
+
+
+def state_dtypes(backend: Any) -> set:
+    """The state dtypes the backend's inference kernels were bound with (``{None}`` where this release binds none found)."""
+    kernels = getattr(getattr(backend, "_inference_fn", None), "keywords", {})
+    found = set()
+    for name in ("mlstm_sequence_kernel", "mlstm_step_kernel"):
+        kernel = kernels.get(name)
+        found.add(getattr(kernel, "keywords", {}).get("dtype_state") if kernel is not None else None)
+    return found
 
 
 def states(mixer: Any, call: Call) -> torch.Tensor | None:

@@ -70,8 +70,8 @@ class Family:
     DECODER_LAYERS: ClassVar[tuple[type, ...]] = ()
     COMPONENTS: ClassVar[dict[type, type]] = {}
     MIXER: ClassVar[type | None] = None
-    #: Why a left-padded batch's rows differ from each prompt run alone in transformers itself (its forward
-    #: ignores the padding somewhere), or ``None``: nnterp serves what transformers computes, and says so.
+    #: Why a left-padded batch's rows differ from each prompt run alone in transformers itself (its forward, or its
+    #: decode steps, ignore the padding somewhere), or ``None``: nnterp serves what transformers computes, and says so.
     PADDING_DIFFERS: ClassVar[str | None] = None
 
     REAL_CHECKPOINTS: ClassVar[dict[str, RealCheckpoint]] = {}

@@ -42,6 +42,13 @@ class MiniMax(Qwen3_5Text):
     DECODER_LAYERS = (MODELING.MiniMaxDecoderLayer,)
     COMPONENTS = {MODELING.MiniMaxAttention: Attention, MODELING.MiniMaxLightningAttention: LightningAttention}
     MIXER = LightningAttention
+    PADDING_DIFFERS = (
+        "transformers' MiniMax cache reports its length from block 0, a lightning block that keeps no keys, so the "
+        "attention mask of a decode step is built as for an empty cache and a softmax block no longer masks a "
+        "left-padded row's padding keys as the prompt's forward did: from the second generated token, a padded row "
+        "of generate differs from its prompt alone (a trace, one forward, is exact); generate one prompt per "
+        "generate, or batch prompts of one length"
+    )
 
     REAL_CHECKPOINTS = {
         "MiniMaxAI/MiniMax-Text-01-hf": RealCheckpoint(

@@ -1,10 +1,14 @@
 """RWKV-4: a stack of time-mixing (WKV) and channel-mixing blocks, no attention."""
 
+import torch
 import transformers.models.rwkv.modeling_rwkv as MODELING
+from torch._guards import detect_fake_mode
 from transformers.models.rwkv.configuration_rwkv import RwkvConfig
 
 from ..components.layer import Layer
 from ..components.wkv import WKV
+from ..core.errors import InvalidArgument
+from ..core.interrupts import interrupts_held
 from .base import RealCheckpoint
 from .mamba import Mamba
 
@@ -29,6 +33,8 @@ class Rwkv(Mamba):
     a left-padded batch runs the padding through the recurrence; and in eval
     mode its first forward rescales two weights per block in place
     (``rescale_every``), which nnterp undoes after each run (`around_run`).
+    Its decode step mixes the rows of a batch (``DECODE_BATCH_REFUSED``), so
+    nnterp refuses a decode step over two rows or more.
     """
 
     MODELING = MODELING
@@ -44,6 +50,14 @@ class Rwkv(Mamba):
         "transformers' RWKV model ignores the attention mask, so a padded batch would run the padding through every "
         "block's recurrence and change each shorter prompt's result: trace prompts of one length together, or each "
         "prompt in its own trace"
+    )
+
+    #: Why a one-token call continuing from a state (every decode step of ``generate``) cannot run on two rows or more.
+    DECODE_BATCH_REFUSED = (
+        "transformers' RWKV decode step broadcasts each block's carried token shift ([batch, hidden]) against the new "
+        "token ([batch, 1, hidden]), which mixes the rows of a batch of two or more, so each row would generate other "
+        "tokens than its prompt alone (transformers' own generate does the same): generate each prompt in its own "
+        "model.generate (its invokes are one batch too), or trace the batch without generating"
     )
 
     #: With use_cache=True, transformers writes each block's state into the state list in place after the
@@ -72,8 +86,36 @@ class Rwkv(Mamba):
         return dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, context_length=128, rescale_every=1)
 
     @classmethod
-    def around_run(cls, model) -> "KeepScale":
-        return KeepScale(model)
+    def around_run(cls, model) -> "RwkvRun":
+        return RwkvRun(model, cls.DECODE_BATCH_REFUSED)
+
+
+class RwkvRun:
+    """Around a run: the weights kept as they were (`KeepScale`), and a decode step over several rows refused."""
+
+    def __init__(self, model, refused: str) -> None:
+        self.keep = KeepScale(model)
+        self.model = model.rwkv
+        self.refused = refused
+
+    def __enter__(self) -> "RwkvRun":
+        self.keep.__enter__()
+        self.hook = self.model.register_forward_pre_hook(self.check_rows, with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.hook.remove()
+        finally:
+            self.keep.__exit__(*exc)
+
+    def check_rows(self, module, args, kwargs) -> None:
+        """Refuse the call before it runs where its one token continues from a state on two rows or more."""
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        tokens = ids if ids is not None else kwargs.get("inputs_embeds")
+        state = kwargs.get("state", args[3] if len(args) > 3 else None)
+        if state is not None and tokens is not None and tokens.shape[0] > 1 and tokens.shape[1] == 1:
+            raise InvalidArgument(self.refused)
 
 
 class KeepScale:
@@ -82,29 +124,48 @@ class KeepScale:
     In eval mode, the first forward divides each block's ``attention.output``
     and ``feed_forward.value`` weights by ``2 ** (block // rescale_every)``
     and sets ``layers_are_rescaled`` (a training forward multiplies them back).
-    The run computes as transformers does; on exit, transformers' own
-    ``_rescale_layers`` brings the weights back to the state they entered the
-    run in (a power of two: exact). Quantized weights (bitsandbytes) are left
-    as transformers made them, since its undo is not the inverse there.
+    The run computes as transformers does; on exit, each weight an in-place op
+    touched (its ``_version`` moved) is brought back to the scale it entered
+    with, read from the weight itself: a few of its entries kept on entry
+    against the same entries now (a power of two apart: exact), so a rescale
+    an interrupt stopped halfway is undone weight by weight, whatever the flag
+    says; then the flag is put back. The undo holds Ctrl-C until it is done.
+    Quantized weights (bitsandbytes) are left as transformers made them, since
+    their scale lives in their statistics.
     """
+
+    #: Entries of each weight kept on entry: a power-of-two rescale scales every one of them exactly.
+    PROBE = 64
 
     def __init__(self, model) -> None:
         self.model = model.rwkv
 
+    def weights(self) -> list:
+        return [weight for block in self.model.blocks for weight in (block.attention.output.weight, block.feed_forward.value.weight)]
+
     def __enter__(self) -> "KeepScale":
         self.before = self.model.layers_are_rescaled
+        # Quantized weights keep their scale in their statistics, and a scan's weights hold no values to read.
+        self.kept = not self.quantized() and detect_fake_mode() is None and not self.weights()[0].is_meta
+        self.entered = [(w, w._version, self.probe(w)) for w in self.weights()] if self.kept else []
         return self
 
+    def probe(self, weight) -> torch.Tensor:
+        # Entries from the front, or the whole weight's largest where the front is all zeros (a pruned row).
+        with torch.no_grad():
+            head = weight.detach().reshape(-1)[: self.PROBE]
+            return head.abs().amax().clone() if bool(head.ne(0).any()) else weight.detach().abs().amax()
+
     def __exit__(self, *exc) -> None:
-        model = self.model
-        if model.layers_are_rescaled == self.before or self.quantized():
+        if not self.kept:
             return
-        training = model.training
-        model.training = not self.before  # _rescale_layers brings the weights to what `training` asks
-        try:
-            model._rescale_layers()
-        finally:
-            model.training = training
+        with interrupts_held(), torch.no_grad():
+            for weight, version, entered in self.entered:
+                if weight._version == version:
+                    continue
+                now = self.probe(weight)
+                weight.mul_(torch.where(now > 0, entered / now, torch.ones_like(now)))
+            self.model.layers_are_rescaled = self.before
 
     def quantized(self) -> bool:
         weight = self.model.blocks[0].attention.output.weight

@@ -23,8 +23,9 @@ from typing import Any
 
 import torch
 
+from ..core import indices
 from ..core.calls import mediator
-from ..core.errors import OrderError, PositionError, WrongType
+from ..core.errors import OrderError
 
 
 def order_hint(asked: str, passed: str) -> str:
@@ -142,17 +143,8 @@ class Call:
 
     def positions(self, selection: Any, what: str) -> list[int]:
         """``selection`` (a sequence of ints, a range, a 1-d tensor) as positions of this call, in the order given."""
-        if isinstance(selection, torch.Tensor):
-            selection = selection.reshape(-1).tolist() if selection.dim() <= 1 else selection
-        if isinstance(selection, (int, str, bytes, torch.Tensor)) or not hasattr(selection, "__iter__"):
-            raise WrongType(f"{what} takes a sequence of token positions (ints), got {type(selection).__name__}")
-        return [self.position(t, what) for t in selection]
+        return indices.sequence(selection, self.seq, what)
 
     def position(self, t: Any, what: str) -> int:
         """``t`` as a position of this call (negative counts from the end), or an error naming the range."""
-        if not isinstance(t, int) or isinstance(t, bool):
-            raise WrongType(f"{what} takes a token position (an int), got {type(t).__name__}")
-        position = t + self.seq if t < 0 else t
-        if not 0 <= position < self.seq:
-            raise PositionError(f"{what}: position {t} is outside this call's {self.seq} tokens (0..{self.seq - 1})")
-        return position
+        return indices.index(t, self.seq, what)

@@ -10,6 +10,8 @@ selection of the same numbers. One family per distinct mixer component
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -170,3 +172,42 @@ def test_routed_through_the_token_loop_and_under_fast_states_it_is_the_same_call
         _check(_read(model, _mixers(model), [PROMPT, OTHER]), "routed")
     with nnterp.fast_states(model):
         _check(_read(model, _mixers(model), PROMPT), "fast_states")
+
+
+def _raised(model, read):
+    """The error ``read(mix)`` raises inside a trace over PROMPT, on the first recurrent mixer."""
+    mix = _mixers(model)[0]
+    try:
+        with torch.no_grad(), model.trace(PROMPT):
+            read(mix).save()
+    except Exception as error:  # noqa: BLE001  (the class is what is compared)
+        return error
+    return None
+
+
+def test_an_index_is_checked_as_states_of_checks_it(model):
+    """One check for every index: a float or a bool is refused (not served as ``int(x)``), one outside the axis
+    raises naming the range (not wrapped), as ``states_of`` does, on every kind."""
+    mix = _mixers(model)[0]
+    seq = len(model.tokenizer(PROMPT).input_ids)
+    axis = getattr(getattr(type(mix), "EFFECTIVE", None), "axis", "heads")
+    width = mix.dims()[type(mix).values()["effective_attention"].annotation.dim_str.split()[1]]
+    states_served = type(mix).values()["states"].reason(mix) is None
+    bad_positions = {
+        "one past the end": ([seq], nnterp.PositionError, rf"position {seq} is outside this call's {seq} tokens \(0\.\.{seq - 1}\)"),
+        "before the start": ([-seq - 1], nnterp.PositionError, rf"position {-seq - 1} is outside"),
+        "a float": ([1.5], nnterp.WrongType, "got float"),
+        "a bool": ([1, True], nnterp.WrongType, "got bool"),
+        "a float tensor": (torch.tensor([1.0]), nnterp.WrongType, "got float"),
+    }
+    for case, (bad, error, message) in bad_positions.items():
+        raised = _raised(model, lambda m, bad=bad: m.effective_attention_of(positions=bad))
+        assert isinstance(raised, error) and re.search(message, str(raised)), (case, raised)
+        if states_served:
+            assert isinstance(_raised(model, lambda m, bad=bad: m.states_of(bad)), error), case
+    for bad, error in ((seq, nnterp.PositionError), (1.5, nnterp.WrongType), (True, nnterp.WrongType)):
+        assert isinstance(_raised(model, lambda m, bad=bad: m.effective_attention_of(positions=bad)), error), bad
+    raised = _raised(model, lambda m: m.effective_attention_of(**{axis: [width]}))
+    assert isinstance(raised, nnterp.PositionError) and f"outside the mixer's {width} {axis}" in str(raised), raised
+    raised = _raised(model, lambda m: m.effective_attention_of(**{axis: [0.5]}))
+    assert isinstance(raised, nnterp.WrongType), raised

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from nnterp import NnterpError
 from tests.suites.checkpoint import OTHER, PROMPT
@@ -74,3 +77,107 @@ class TestRwkv(WKVSuite):
         for layer in model.layers:
             assert set(layer.parts()) == {"linear_attn", "mlp"}
             assert type(layer.mlp._module).__name__ == "RwkvFeedForward"
+
+
+class TestRwkvBatchedDecode:
+    """transformers' decode step mixes a batch's rows; the oracle is each prompt generated alone by transformers."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def model(cls, load):
+        return load("rwkv")
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def rows(cls, model):
+        ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids[0]
+        return torch.stack([ids, ids.flip(0)])  # two prompts of one length: no padding
+
+    def test_generate_on_two_rows_is_refused_and_each_row_alone_is_transformers(self, model, checkpoint, rows):
+        hf = AutoModelForCausalLM.from_pretrained(checkpoint("rwkv")).eval()
+        before = _weights(model)
+        with pytest.raises(NnterpError, match="mixes the rows") as raised:
+            with torch.no_grad(), model.generate(rows, max_new_tokens=4, do_sample=False) as tracer:
+                tracer.result.save()
+        assert str(raised.value) == model.family.DECODE_BATCH_REFUSED
+        assert _same(before, model) and not model._module.rwkv.layers_are_rescaled
+        for row in rows:
+            with torch.no_grad(), model.generate(row[None], max_new_tokens=4, do_sample=False) as tracer:
+                alone = tracer.result.save()
+            with torch.no_grad():
+                expected = hf.generate(row[None], max_new_tokens=4, do_sample=False)
+            assert torch.equal(alone, expected)
+
+    def test_two_rows_without_a_decode_step_are_served(self, model, checkpoint, rows):
+        hf = AutoModelForCausalLM.from_pretrained(checkpoint("rwkv")).eval()
+        with torch.no_grad(), model.generate(rows, max_new_tokens=1, do_sample=False) as tracer:
+            first = tracer.result.save()
+        with torch.no_grad(), model.trace(rows):
+            logits = model.logits.save()
+        with torch.no_grad():
+            expected = torch.cat([hf(row[None]).logits for row in rows])
+        torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+        assert torch.equal(first[:, -1], expected[:, -1].argmax(-1))
+
+    def test_several_sequences_from_one_prompt_are_refused(self, model, rows):
+        with pytest.raises(NnterpError, match="mixes the rows"):
+            with torch.no_grad(), model.generate(rows[:1], max_new_tokens=3, do_sample=True, num_return_sequences=2):
+                pass
+
+
+class TestRwkvRescaleInterrupted:
+    """A Ctrl-C at any point of the rescale transformers' forward makes, or of nnterp's undo, leaves the weights as loaded."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def model(cls, load):
+        return load("rwkv", fresh=True)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def loaded(cls, checkpoint):
+        hf = AutoModelForCausalLM.from_pretrained(checkpoint("rwkv")).eval()
+        return {name: p.detach().clone() for name, p in hf.named_parameters()}, hf
+
+    @staticmethod
+    def interrupting(op: str, at: int | None, monkeypatch) -> list:
+        """Patch ``torch.Tensor.<op>`` to send SIGINT (a real Ctrl-C) on its ``at``-th call; returns the call count."""
+        original = getattr(torch.Tensor, op)
+        calls = []
+
+        def patched(tensor, *args, **kwargs):
+            calls.append(None)
+            result = original(tensor, *args, **kwargs)
+            if len(calls) - 1 == at:
+                signal.raise_signal(signal.SIGINT)
+            return result
+
+        monkeypatch.setattr(torch.Tensor, op, patched)
+        return calls
+
+    @pytest.mark.parametrize("op", ["div_", "mul_"])
+    def test_an_interrupt_at_every_in_place_op_leaves_the_weights_and_the_logits(self, model, loaded, ids_of, op):
+        weights, hf = loaded
+        ids = ids_of(model)
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            calls = self.interrupting(op, None, monkeypatch)
+            with torch.no_grad(), model.trace(ids):
+                model.logits.save()
+        assert len(calls) >= 4, f"the rescale and its undo make {len(calls)} {op} calls"
+        for at in range(len(calls)):
+            with pytest.MonkeyPatch.context() as monkeypatch:
+                self.interrupting(op, at, monkeypatch)
+                with pytest.raises(KeyboardInterrupt), torch.no_grad(), model.trace(ids):
+                    model.logits.save()
+            for name, p in model._module.named_parameters():
+                assert torch.equal(p, weights[name]), f"{op} call {at}: {name}"
+            assert not model._module.rwkv.layers_are_rescaled, f"{op} call {at}"
+            with torch.no_grad(), model.trace(ids):
+                logits = model.logits.save()
+            with torch.no_grad():
+                expected = hf(ids).logits
+            torch.testing.assert_close(logits, expected, rtol=0, atol=0, msg=f"{op} call {at}")
+
+    @pytest.fixture
+    def ids_of(self):
+        return lambda model: model.tokenizer(PROMPT, return_tensors="pt").input_ids

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
+from nnterp import StandardizedTransformer
 from nnterp.components import lightning_one_pass
 from nnterp.core.errors import OrderError
 from tests.reference import hf_oracles as hf
@@ -134,3 +136,20 @@ class TestLightningOnePass(CheckpointFixtures):
             with torch.no_grad(), model.trace(ids):
                 mix.states.save()
                 mix.set_state_after(1, reference[:, 1])
+
+    def test_decay_buffers_a_cast_left_apart_from_slope_rate_keep_the_loop(self, checkpoint, ids):
+        # load(bfloat16).to(float32) rounds the loop's decay buffers apart from what slope_rate gives (about 2e-3):
+        # the one pass would compute the outputs from slope_rate, not from the buffers the forward reads.
+        path = str(checkpoint(self.MODEL_TYPE))
+        model = StandardizedTransformer(path, dispatch=True, device="cpu", dtype=torch.bfloat16)
+        model._module.to(torch.float32)
+        plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval().to(torch.float32)
+        mixer = plain.model.layers[lightning_layers(model)[0]].self_attn
+        assert not torch.allclose(mixer.query_decay, mixer.decay_factors(mixer.slope_rate)[0], rtol=1e-4, atol=0)
+        with products(plain) as calls, torch.no_grad(), model.trace(ids):
+            for i in lightning_layers(model):
+                model.layers[i].linear_attn.states.save()
+            logits = model.logits.save()
+        with torch.no_grad():
+            torch.testing.assert_close(logits, plain(ids).logits, rtol=0, atol=1e-6)
+        assert len(calls) == 4 * blocks(model, ids) * len(lightning_layers(model)), "the block loop ran"

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
-from nnterp import OrderError
+from nnterp import OrderError, StandardizedTransformer
 from nnterp.components import mlstm_one_pass
 from nnterp.components.mlstm import MLSTM
 from tests.reference import hf_oracles as hf
@@ -154,3 +155,17 @@ class TestMlstmOnePass(CheckpointFixtures):
         torch.testing.assert_close(states, packed_prefixes(plain, ids, 0), **TOL)
         with torch.no_grad():
             torch.testing.assert_close(logits, plain(ids).logits, **TOL)
+
+    def test_a_backend_keeping_its_state_in_bfloat16_runs(self, checkpoint, ids, backend):
+        # inference_state_dtype="bfloat16": the arguments stay float32 but the backend's token loop rounds its state.
+        path = str(checkpoint(self.MODEL_TYPE))
+        model = StandardizedTransformer(path, dispatch=True, device="cpu", inference_state_dtype="bfloat16")
+        plain = AutoModelForCausalLM.from_pretrained(path, inference_state_dtype="bfloat16").eval()
+        assert ids.shape[1] % model._module.config.chunk_size, "the prompt ends inside a chunk: the token loop runs"
+        with counting(backend) as calls, torch.no_grad(), model.trace(ids):
+            for layer in model.layers:
+                layer.linear_attn.states.save()
+            logits = model.logits.save()
+        with torch.no_grad():
+            torch.testing.assert_close(logits, plain(ids).logits, rtol=0, atol=1e-6)
+        assert len(calls) == len(model.layers), "the backend ran"

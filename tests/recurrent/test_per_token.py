@@ -128,3 +128,32 @@ def test_fast_path_writes_in_one_invoke_of_two(load, model_type):
     torch.testing.assert_close(patched, patched_alone, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(untouched, alone, rtol=1e-4, atol=1e-6)
     assert not torch.allclose(patched, alone)
+
+
+@pytest.mark.parametrize("model_type", KINDS)
+def test_a_stepped_tracer_iter_over_state_is_refused_and_a_list_of_steps_is_served(load, model_type):
+    # nnsight drops a slice's step: tracer.iter[1:L:3] would yield every token from 1 on, silently.
+    model = load(model_type)
+    mix = _mixer(model)
+    seq = len(model.tokenizer(PROMPT).input_ids)
+    with per_token(model):
+        _needs_iteration(model)
+        with torch.no_grad(), model.trace(PROMPT):
+            every = mix.states.save()
+        seen = []
+        with pytest.raises(ValueError, match=r"drops a slice's step.*list\(range\(1, ") as raised:
+            with torch.no_grad(), model.trace(PROMPT) as tracer:
+                for _ in tracer.iter[1:seq:3]:
+                    seen.append(mix.state.save())
+        assert isinstance(raised.value, NnterpError) and seen == []
+        got = []
+        with torch.no_grad(), model.trace(PROMPT) as tracer:
+            for _ in tracer.iter[list(range(1, seq, 3))]:
+                got.append(mix.state.save())
+        assert len(got) == len(range(1, seq, 3))
+        torch.testing.assert_close(torch.stack(got, 1).float(), every[:, 1:seq:3].float(), rtol=1e-5, atol=1e-6)
+        got = []
+        with torch.no_grad(), model.trace(PROMPT) as tracer:  # a step of 1 is the plain slice
+            for _ in tracer.iter[1:3:1]:
+                got.append(mix.state.save())
+        torch.testing.assert_close(torch.stack(got, 1).float(), every[:, 1:3].float(), rtol=1e-5, atol=1e-6)

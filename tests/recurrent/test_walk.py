@@ -18,7 +18,7 @@ import pytest
 STRATEGIES = {"recurrent/per_token/loop.py", "recurrent/per_token/boundaries.py", "recurrent/per_token/from_arguments.py"}
 SHARED = {
     "components/recurrent.py", "components/per_token_values.py", "recurrent/call.py", "recurrent/per_token/__init__.py", "recurrent/settings.py",
-    "recurrent/arguments.py", "recurrent/kernels.py", "recurrent/labels.py", "core/calls.py", "core/values.py",
+    "recurrent/arguments.py", "recurrent/kernels.py", "recurrent/labels.py", "core/calls.py", "core/values.py", "core/indices.py",
     "fast/step.py",
 }
 
