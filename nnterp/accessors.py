@@ -263,7 +263,7 @@ class OneXInterface:
         """
         if positions is not None:
             if token_positions is not None:
-                raise InvalidArgument("pass one of `positions` and `token_positions` (the same argument, 1.x's older and newer name)")
+                raise InvalidArgument("Cannot specify both `positions` (deprecated) and `token_positions`: pass `token_positions` only")
             warnings.warn("`positions` is deprecated, use `token_positions` instead.", DeprecationWarning, stacklevel=2)
             token_positions = positions
         if not isinstance(steering_vector, torch.Tensor):

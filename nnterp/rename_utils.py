@@ -362,13 +362,20 @@ class AttentionProbabilitiesAccessor:
 
 
 def get_ignores(model: Any, rename_config: RenameConfig | None = None) -> list[str]:
-    """The parts 1.x's check skips for ``model``: ``"mlp"`` on OPT (no MLP module) or by ``rename_config``, ``"attention"`` by it."""
-    from . import utils
+    """The parts 1.x's check skips for ``model`` (a transformers model): ``"attention"`` by ``rename_config``;
+    ``"mlp"`` by it, on OPT (no MLP module), and where nnterp's family for the model has a block without an MLP
+    (Mamba, Mamba-2, Falcon-Mamba; the hybrids' recurrent blocks), so ``mlps_output[i]`` fails for some ``i``."""
+    from . import families, utils
 
     ignores = []
     if isinstance(model, utils.OPTForCausalLM):
         logger.warning(f"{type(model).__name__} does not have a mlp module. You'll have to manually use layers.fc1 and layers.fc2 instead.")
         ignores.append("mlp")
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "model_type", None) in families.REGISTRY:
+        if any("mlp" not in parts for parts in families.family_for(config).layer_parts(config)):
+            logger.warning(f"{type(model).__name__} has blocks without a mlp module.")
+            ignores.append("mlp")
     if rename_config is not None:
         if rename_config.ignore_mlp:
             ignores.append("mlp")

@@ -24,7 +24,9 @@ code (``assert torch.equal(...)``).
 from __future__ import annotations
 
 import ast
+import importlib
 import importlib.util
+import inspect
 import io
 import itertools
 import linecache
@@ -264,6 +266,138 @@ def run_page(path: Path) -> None:
 def test_page_runs_and_prints_what_it_shows(path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a page may save a figure: not into the repository
     run_page(path)
+
+
+# -- the "Coming from nnterp 1.x" page's name tables ---------------------------------
+
+ONEX_PAGE = DOCS / "coming-from-1x.md"
+ONEX_HEADER = "| nnterp 1.x | status | notes |"
+#: A row's status -> whether its names resolve.
+ONEX_STATUSES = {"served": True, "changed": True, "ignored": True, "new": True, "refused": False, "not served": False}
+#: Names the issue asked the page to list (nnterp 1.x's, served again): removing a row shows here.
+ONEX_REQUIRED = (
+    "nnterp.standardized_transformer.StandardizedTransformer", "model.model.layers", "model.model.ln_final",
+    "model.model.device", "model.attention_probabilities.enabled", "model.attention_probabilities.disable",
+    "model.attention_probabilities.check_source", "model.attention_probabilities.print_source",
+    "model.detect_layer_output_type", "model.add_prefix_false_tokenizer", "nnterp.interventions.logit_lens(nn_model=)",
+    "model.skip_layers(layer_returns_tuple=)", "model.steer(positions=)", "StandardizedTransformer(remote=True)",
+    "nnterp.logging.logger", "nnterp.display.plot_topk_tokens", "nnterp.utils.unpack_tuple",
+)
+
+
+def onex_rows(text: str) -> list[tuple[str, list[str]]]:
+    """``(status, names)`` of each row of the page's name tables (header `ONEX_HEADER`).
+
+    A cell's names are its backticked items; a bare name after a module
+    (``nnterp.display``: ``plot_topk_tokens``) is that module's attribute.
+    """
+    rows, in_table = [], False
+    for line in text.splitlines():
+        if line.strip() == ONEX_HEADER:
+            in_table = True
+            continue
+        if not in_table or not line.startswith("|"):
+            in_table = False
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if set(cells[0]) <= {"-"}:
+            continue
+        names, module = [], None
+        for item in re.findall(r"`([^`]+)`", cells[0]):
+            if re.fullmatch(r"nnterp(\.\w+)*", item) and _is_module(item):
+                module = item
+                if item != "nnterp":
+                    continue
+            elif module is not None and re.fullmatch(r"\w+", item):
+                item = f"{module}.{item}"
+            names.append(item)
+        rows.append((cells[1], names))
+    return rows
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, AttributeError):  # a name under a module that is not a package
+        return False
+
+
+def _resolves(name: str, model, path: str) -> bool:
+    """Whether ``name`` (an import path, ``model.`` attribute path, ``call(keyword=)`` or ``StandardizedTransformer(k=v)``) resolves."""
+    from nnterp import NnterpError, StandardizedTransformer
+
+    call = re.fullmatch(r"([\w.\[\]]+)\((\w+)=(.*)\)", name)
+    if call and call.group(1) == "StandardizedTransformer" and call.group(3):
+        try:
+            StandardizedTransformer(path, **{call.group(2): ast.literal_eval(call.group(3))})
+        except TypeError as error:
+            assert isinstance(error, NnterpError), f"{name}: {error!r} is not nnterp's"
+            return False
+        return True
+    if call:
+        assert not call.group(3), f"{name}: a keyword takes a value only on StandardizedTransformer(...)"
+        if not _resolves(call.group(1), model, path):
+            return False
+        return call.group(2) in inspect.signature(_resolve(call.group(1), model)).parameters
+    try:
+        _resolve(name, model)
+    except (AttributeError, ImportError):
+        return False
+    return True
+
+
+def _resolve(name: str, model):
+    """The object ``name`` names; a trace-only value is looked up on its class, not read."""
+    assert re.fullmatch(r"(nnterp|model)(\.\w+(\[i\])?)*", name), f"{name!r}: not a name form the test knows (see onex_rows)"
+    parts = name.split(".")
+    if parts[0] == "nnterp":
+        found, rest = importlib.import_module("nnterp"), parts[1:]
+        while rest and _is_module(f"{found.__name__}.{rest[0]}"):
+            found, rest = importlib.import_module(f"{found.__name__}.{rest[0]}"), rest[1:]
+    else:
+        found, rest = model, parts[1:]
+    for index, part in enumerate(rest):
+        attribute, indexed = part.removesuffix("[i]"), part.endswith("[i]")
+        last = index == len(rest) - 1
+        static = inspect.getattr_static(found, attribute, _ABSENT)
+        if last and static is not _ABSENT and not indexed:
+            return static  # a property may be trace-only (`logits`): that it exists is enough
+        found = getattr(found, attribute)
+        if indexed and not last:
+            found = found[0]
+    return found
+
+
+_ABSENT = object()
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "llama"])
+def test_coming_from_1x_tables_match_the_code(model_type):
+    from nnterp import StandardizedTransformer
+
+    rows = onex_rows(ONEX_PAGE.read_text())
+    names = [name for _, row in rows for name in row]
+    assert len(rows) >= 30 and not [n for n in ONEX_REQUIRED if n not in names], [n for n in ONEX_REQUIRED if n not in names]
+    path = str(tiny_checkpoint(model_type))
+    model = StandardizedTransformer(path)
+    wrong = []
+    for status, row in rows:
+        assert status in ONEX_STATUSES, f"status {status!r} of {row}: not one of {sorted(ONEX_STATUSES)}"
+        assert row, f"a {status} row names nothing"
+        wrong += [f"{name} ({status})" for name in row if _resolves(name, model, path) != ONEX_STATUSES[status]]
+    assert not wrong, f"docs/coming-from-1x.md says, and the code disagrees: {wrong}"
+
+
+def test_coming_from_1x_rows_are_read_as_written():
+    page = (
+        "| nnterp 1.x | status | notes |\n|---|---|---|\n"
+        "| `nnterp.display`: `plot_topk_tokens`, `model.layers[i].mlp` | served | x `y` |\n"
+        "| `StandardizedTransformer(rename_config=None)` | refused | |\n\ntext\n| a | b |\n"
+    )
+    assert onex_rows(page) == [
+        ("served", ["nnterp.display.plot_topk_tokens", "model.layers[i].mlp"]),
+        ("refused", ["StandardizedTransformer(rename_config=None)"]),
+    ]
 
 
 # -- the generated page and the site ----------------------------------------------

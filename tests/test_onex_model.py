@@ -151,3 +151,19 @@ def test_steer_positions_warns_as_1x_and_steers_as_token_positions(load):
     deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning)]
     assert len(deprecations) == 1 and "positions" in str(deprecations[0].message)
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_get_ignores_reports_mlp_where_a_block_has_none(model_type, checkpoint):
+    from nnterp.rename_utils import get_ignores
+
+    model = StandardizedTransformer(str(checkpoint(model_type)))
+    # Oracle: reading each block's MLP output, as 1.x code loops over layers.
+    readable = []
+    for layer in range(model.num_layers):
+        try:
+            model.mlps_output.get_module(layer)
+            readable.append(True)
+        except ValueError:
+            readable.append(False)
+    assert ("mlp" in get_ignores(model._model)) == (not all(readable))
