@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from .accessors import LayerAccessor
+from .components.attention import probability_labels
 from .core.errors import NnterpError, RenamingError, ShapeError, Unavailable
 
 _CHECK_PROMPT = "Hello world, this is a check"
@@ -134,8 +135,6 @@ class AttentionProbabilities(LayerAccessor):
         Read under ``model.scan`` (nnsight serves a called function's source
         only inside a trace), or a trace where scan fails and ``allow_dispatch``.
         """
-        from .components.attention import probability_labels
-
         self._check_enabled()
         layer = self._layer(layer)
         attention = self.model.layers[layer].self_attn

@@ -29,6 +29,9 @@ import torch
 
 from .core.errors import InvalidArgument, SignatureError, WrongType
 from .core.layers import layer_indices
+from .logging import logger
+from .nnsight_utils import get_attention, get_layer_output, get_next_token_probs, get_num_layers
+from .nnsight_utils import get_token_activations as layer_activations
 
 __all__ = [
     "logit_lens",
@@ -431,14 +434,9 @@ def patchscope_generate(
     is applied on the prompt's forward). Layers run ``max_batch_size //
     len(prompts)`` at a time, one invoke each, in one ``generate``.
     """
-    from .nnsight_utils import get_layer_output, get_num_layers
-    from .nnsight_utils import get_token_activations as layer_activations
-
     with torch.no_grad():
         prompts = [prompts] if isinstance(prompts, str) else prompts
         if len(prompts) > max_batch_size:
-            from .logging import logger
-
             logger.warning(f"Number of prompts ({len(prompts)}) exceeds max_batch_size ({max_batch_size}). This may cause memory errors.")
         layers = list(range(get_num_layers(nn_model))) if layers is None else list(layers)
         hiddens = layer_activations(nn_model, prompts, layers=layers, remote=remote)
@@ -469,9 +467,6 @@ def patch_object_attn_lens(
     last token (one source for every target, or one each). Returns
     ``[targets, layers, vocab]`` on the CPU.
     """
-    from .nnsight_utils import get_attention, get_next_token_probs, get_num_layers
-    from .nnsight_utils import get_token_activations as layer_activations
-
     with torch.no_grad():
         source_prompts = [source_prompts] if isinstance(source_prompts, str) else source_prompts
         target_prompts = [target_prompts] if isinstance(target_prompts, str) else target_prompts

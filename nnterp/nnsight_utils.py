@@ -24,6 +24,7 @@ from nnsight import Envoy, LanguageModel, NNsight
 from torch import nn
 
 from .core.errors import InvalidArgument, NnterpError
+from .families import family_for
 from .rename_utils import RenameConfig, get_rename_dict
 from .standardized import StandardizedTransformer
 from .utils import TraceTensor, unpack_tuple
@@ -184,8 +185,6 @@ class ModuleAccessor:
 
 def _family_paths(model: Any) -> dict:
     """The registered family's paths of the four model-level parts, as nnsight renames; ``{}`` for a model without a family."""
-    from .families import family_for
-
     try:
         family = family_for(model.config)
     except (NnterpError, AttributeError):

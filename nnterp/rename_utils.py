@@ -16,26 +16,30 @@ that uses them directly:
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal
 
 import torch as th
 
+from . import families, utils
 from .core.errors import InvalidArgument, RenamingError
 from .logging import logger
+from .standardized import StandardizedTransformer
 from .utils import display_markdown, dummy_inputs, is_notebook, try_with_scan
 
 IgnoreType = Literal["mlp", "attention"]
 
 
-class AttnProbFunction(ABC):
+class AttnProbFunction:
     """Where a model's attention probabilities are computed: ``fn(attention_envoy)`` returns the envoy whose output they are."""
 
-    @abstractmethod
     def get_attention_prob_source(self, attention_module: Any, return_module_source: bool = False) -> Any:
-        """The source envoy of the probabilities (``return_module_source``: the whole function's source they are computed in)."""
+        """The source envoy of the probabilities (``return_module_source``: the whole function's source they are computed in).
+
+        Each subclass defines it (1.x declared it abstract; no decorator here, since a server rebuilds the bare function).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not define get_attention_prob_source")
 
     def __call__(self, attention_module: Any, return_module_source: bool = False) -> Any:
         return self.get_attention_prob_source(attention_module, return_module_source)
@@ -97,8 +101,6 @@ EMBED_TOKENS_NAMES = expand_path_with_model(["wte", "embed_in", "word_embeddings
 
 def __getattr__(name: str) -> Any:
     if name == "IGNORE_MLP_MODELS":  # models with no MLP module; a transformers class, imported on first use
-        from . import utils
-
         return (utils.OPTForCausalLM,)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -268,8 +270,6 @@ class AttentionProbabilitiesAccessor:
     """
 
     def __init__(self, model: Any, rename_config: RenameConfig | None = None, initialized_with_enable: bool = False) -> None:
-        from . import utils
-        from .standardized import StandardizedTransformer
 
         self.model = model
         self.initialized_with_enable = initialized_with_enable
@@ -365,8 +365,6 @@ def get_ignores(model: Any, rename_config: RenameConfig | None = None) -> list[s
     """The parts 1.x's check skips for ``model`` (a transformers model): ``"attention"`` by ``rename_config``;
     ``"mlp"`` by it, on OPT (no MLP module), and where nnterp's family for the model has a block without an MLP
     (Mamba, Mamba-2, Falcon-Mamba; the hybrids' recurrent blocks), so ``mlps_output[i]`` fails for some ``i``."""
-    from . import families, utils
-
     ignores = []
     if isinstance(model, utils.OPTForCausalLM):
         logger.warning(f"{type(model).__name__} does not have a mlp module. You'll have to manually use layers.fc1 and layers.fc2 instead.")

@@ -17,11 +17,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from nnterp import StandardizedTransformer, Unavailable
 from nnterp.families import MODEL_TYPES
 from nnterp.interventions import get_token_activations, logit_lens, patchscope_lens
+from tests.onex.utils import TEST_MODELS
 from tests.suites.checkpoint import model_type_params
 
 PROMPT = "The Eiffel Tower is in the city of"
 FAMILIES = model_type_params(MODEL_TYPES)
-ONEX_FAMILIES = model_type_params(["gpt2", "llama", "qwen3", "qwen3_5_text", "mamba"])
+ONEX_FAMILIES = model_type_params(TEST_MODELS)  # the families the ported 1.x suite runs on
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
@@ -62,7 +63,16 @@ def test_model_model_paths_read_what_hf_computes(model_type, load, checkpoint):
     torch.testing.assert_close(layer[0] if isinstance(layer, tuple) else layer, standard, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("model_type", ["gpt2", "llama", "mamba"])
+#: Under `model.scan`'s fake tensors, transformers' grouped-experts MoE calls torch's `_grouped_mm`, whose CPU
+#: kernel takes bfloat16 only; a real trace of the same model runs (tests/test_onex.py), and 1.x's own helpers fall
+#: back from scan to a trace there.
+SCAN_REFUSED = {"qwen3_moe": "torch's CPU _grouped_mm takes bfloat16 only, and scan runs the MoE on float32 fakes"}
+
+
+@pytest.mark.parametrize(
+    "model_type",
+    [pytest.param(t, marks=pytest.mark.xfail(strict=True, reason=SCAN_REFUSED[t])) if t in SCAN_REFUSED else t for t in TEST_MODELS],
+)
 def test_scan_runs_the_names_on_shapes(model_type, load):
     model = load(model_type)
     found: dict = {}
@@ -97,12 +107,18 @@ def test_add_prefix_false_tokenizer_is_the_tokenizer_without_a_prefix_space(load
     assert tokenizer("hello world").input_ids == reference("hello world").input_ids
 
 
-@pytest.mark.parametrize("model_type", ["gpt2", "llama", "qwen3_5_text"])
+@pytest.mark.parametrize("model_type", ONEX_FAMILIES)
 def test_attention_probabilities_switch_and_checks_as_in_1x(model_type, checkpoint, capsys):
     path = str(checkpoint(model_type))
     assert StandardizedTransformer(path).attention_probabilities.enabled is False
     model = StandardizedTransformer(path, enable_attention_probs=True, dispatch=True)
     probs = model.attention_probabilities
+    if all(block.self_attn is None for block in model.layers):  # Mamba: no softmax attention to serve
+        assert not probs.enabled and not model.attn_probs_available
+        with pytest.raises(ValueError, match="has no softmax attention"):
+            with model.trace(PROMPT):
+                probs[0].save()
+        return
     assert probs.enabled and model.attn_probs_available
     probs.check_source()
     probs.check_source(use_trace=False)

@@ -101,7 +101,7 @@ CASES = [
     ("steer-list", "llama", TypeError, lambda m: _in_trace(m, _steer(lambda m: [0.0] * m.hidden_size))()),
     ("steer-meta", "llama", ValueError, lambda m: _in_trace(m, _steer(lambda m: torch.zeros(m.hidden_size, device="meta")))()),
     ("steer-rows-not-the-batch", "llama", ValueError, lambda m: _in_trace(m, _steer(lambda m: torch.zeros(3, 1, m.hidden_size)))()),
-    ("skip-layers-backwards", "llama", ValueError, lambda m: _in_trace(m, lambda m: m.skip_layers(2, 1))()),
+    ("skip-layers-backwards", "llama", ValueError, lambda m: _in_trace(m, lambda m: m.skip_layers(1, 0))()),
     ("skip-layers-negative-first", "llama", ValueError, lambda m: _in_trace(m, lambda m: m.skip_layers(-1, 0))()),
     ("states-of-an-attention-layer", "qwen3_5_text", ValueError, lambda m: _in_trace(m, lambda m: m.states_of(layers=[3]))()),
     ("attribution-of-an-attention-layer", "qwen3_5_text", ValueError, _routed_qwen_attribution(layers=[3])),
