@@ -1,0 +1,339 @@
+"""nnterp 1.3.0's public names at their 1.x paths, with 1.x's signatures, and what each does against plain transformers.
+
+`ONEX` is 1.3.0's public names per module, as its source defines them (a
+signature's text; ``VALUE`` for a constant or type; a class's ``__init__``
+and methods), written here from the 1.3.0 release so CI needs no copy of it.
+Oracles: a plain HF forward with forward hooks at the family's paths, HF's
+``output_attentions`` under eager attention, HF's greedy ``generate``, and the
+tokenizer itself.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from nnterp import StandardizedTransformer
+from tests.suites.checkpoint import PROMPT, model_type_params
+
+VALUE = None
+ONEX = {
+    'standardized_transformer': {
+        'StandardizedTransformer': ('model, trust_remote_code=False, check_renaming=True, remote=False, allow_dispatch=True, enable_attention_probs=False, check_attn_probs_with_trace=True, allow_multimodal=False, rename_config=None, **kwargs', {}),
+    },
+    'nnsight_utils': {
+        'GetModuleOutput': VALUE,
+        'get_embed_tokens': 'model',
+        'get_layers': 'model',
+        'get_num_layers': 'nn_model',
+        'get_layer': 'nn_model, layer',
+        'get_layer_input': 'nn_model, layer',
+        'get_layer_output': 'nn_model, layer',
+        'get_attention': 'nn_model, layer',
+        'get_attention_output': 'nn_model, layer',
+        'get_mlp': 'nn_model, layer',
+        'get_mlp_output': 'nn_model, layer',
+        'get_logits': 'nn_model',
+        'get_unembed_norm': 'nn_model',
+        'get_unembed': 'nn_model',
+        'project_on_vocab': 'nn_model, h',
+        'get_next_token_probs': 'nn_model',
+        'set_layer_output': 'nn_model, layer, tensor',
+        'ModuleAccessor': ('model, rename_config=None, rename=None', {'get_embed_tokens': '', 'get_layers': '', 'get_mlp': 'layer', 'get_attention': 'layer', 'get_unembed_norm': '', 'get_unembed': ''}),
+        'get_token_activations': 'nn_model, prompts=None, layers=None, get_activations=None, remote=False, idx=None, tracer=None',
+        'collect_last_token_activations_session': 'nn_model, prompts, batch_size, layers=None, get_activations=None, remote=False, idx=None',
+        'collect_token_activations_batched': 'nn_model, prompts, batch_size, layers=None, get_activations=None, remote=False, idx=None, tqdm=None, use_session=True',
+        'compute_next_token_probs': 'nn_model, prompt, remote=False',
+    },
+    'prompt_utils': {
+        'TokenizationError': (None, {}),
+        'get_first_tokens': 'words, llm_or_tokenizer, use_hacky_implementation=False',
+        'Prompt': ('prompt, target_tokens, target_strings=None', {'from_strings': 'prompt, target_strings, tokenizer', 'has_no_collisions': 'ignore_targets=None', 'get_target_probs': 'probs, layer=None', 'run': 'nn_model, get_probs'}),
+        'next_token_probs_unsqueeze': 'nn_model, prompt, remote=False, **_kwargs',
+        'run_prompts': 'nn_model, prompts, batch_size=32, get_probs_func=None, func_kwargs=None, remote=False, tqdm=tqdm',
+    },
+    'display': {
+        'plot_topk_tokens': 'next_token_probs, tokenizer, k=4, title=None, use_token_ids=False, file=None, save_html=True, height=300, width=400',
+        'prompts_to_df': 'prompts, tokenizer=None',
+    },
+    'utils': {
+        'TraceTensor': VALUE,
+        'NNSIGHT_VERSION': VALUE,
+        'TRANSFORMERS_VERSION': VALUE,
+        'ArchitectureNotFound': (None, {}),
+        'OPTForCausalLM': VALUE,
+        'MixtralForCausalLM': VALUE,
+        'BloomForCausalLM': VALUE,
+        'GPT2LMHeadModel': VALUE,
+        'Qwen2MoeForCausalLM': VALUE,
+        'DbrxForCausalLM': VALUE,
+        'GPTJForCausalLM': VALUE,
+        'LlamaForCausalLM': VALUE,
+        'Qwen3ForCausalLM': VALUE,
+        'Qwen2ForCausalLM': VALUE,
+        'is_notebook': '',
+        'display_markdown': 'text',
+        'display_source': 'source',
+        'DummyCache': (None, {'to_legacy_cache': ''}),
+        'dummy_inputs': '',
+        'try_with_scan': 'model, function, error_to_throw, allow_dispatch, warn_if_scan_fails=True, errors_to_raise=None',
+        'unpack_tuple': 'tensor_or_tuple',
+    },
+    'rename_utils': {
+        'IgnoreType': VALUE,
+        'RenamingError': (None, {}),
+        'AttnProbFunction': (None, {'get_attention_prob_source': 'attention_module, return_module_source=False', '__call__': 'attention_module, return_module_source=False'}),
+        'RenameConfig': ('attn_name=None, mlp_name=None, ln_final_name=None, lm_head_name=None, model_name=None, layers_name=None, attn_prob_source=None, ignore_mlp=None, ignore_attn=None, attn_head_config_key=None, hidden_size_config_key=None, vocab_size_config_key=None', {}),
+        'MODEL_NAMES': VALUE,
+        'expand_path_with_model': 'paths',
+        'default_attn_head_config_keys': '',
+        'default_hidden_size_config_keys': '',
+        'default_vocab_size_config_keys': '',
+        'IGNORE_MLP_MODELS': VALUE,
+        'ATTENTION_NAMES': VALUE,
+        'LAYER_NAMES': VALUE,
+        'LN_NAMES': VALUE,
+        'LM_HEAD_NAMES': VALUE,
+        'MLP_NAMES': VALUE,
+        'EMBED_TOKENS_NAMES': VALUE,
+        'get_rename_dict': 'rename_config=None',
+        'text_config': 'model',
+        'get_num_attention_heads': 'model, raise_error=True, rename_config=None',
+        'get_hidden_size': 'model, raise_error=True, rename_config=None',
+        'get_vocab_size': 'model, raise_error=True, rename_config=None',
+        'IOType': (None, {}),
+        'LayerAccessor': ('model, attr_name, io_type', {'get_module': 'layer', '__getitem__': 'layer', '__setitem__': 'layer, value', '__call__': 'layer', 'returns_tuple': 'property'}),
+        'bloom_attention_prob_source': 'attention_module, return_module_source=False',
+        'default_attention_prob_source': 'attention_module, return_module_source=False',
+        'gpt2_attention_prob_source': 'attention_module, return_module_source=False',
+        'gptj_attention_prob_source': 'attention_module, return_module_source=False',
+        'AttentionProbabilitiesAccessor': ('model, rename_config=None, initialized_with_enable=False', {'disable': '', '__getitem__': 'layer', '__setitem__': 'layer, value', 'check_source': 'layer=0, allow_dispatch=True, use_trace=True', 'print_source': 'layer=0, allow_dispatch=True'}),
+        'get_ignores': 'model, rename_config=None',
+        'check_io': 'std_model, model_name, ignores',
+        'check_model_renaming': 'std_model, model_name, ignores, allow_dispatch, allow_multimodal=False',
+    },
+    'interventions': {
+        'logit_lens': 'nn_model, prompts, remote=False, return_inv_logits=False',
+        'TargetPrompt': ('prompt, index_to_patch', {}),
+        'repeat_prompt': "words=None, rel=' ', sep='\\n', placeholder='?', index_to_patch=-1",
+        'it_repeat_prompt': "tokenizer, words=None, rel=' ', sep='\\n', placeholder='?', complete_prompt=True, add_user_instr=True, use_system_prompt=True",
+        'TargetPromptBatch': ('prompts, index_to_patch', {'from_target_prompts': 'prompts_', 'from_target_prompt': 'prompt, batch_size', 'from_prompts': 'prompts, index_to_patch', '__len__': '', '__getitem__': 'idx', '__iter__': '', 'auto': 'target_prompt, batch_size'}),
+        'patchscope_lens': 'nn_model, source_prompts=None, target_patch_prompts=None, layers=None, latents=None, remote=False',
+        'patchscope_generate': 'nn_model, prompts, target_patch_prompt, max_length=50, layers=None, remote=False, max_batch_size=32',
+        'patch_object_attn_lens': 'nn_model, source_prompts, target_prompts, attn_idx_patch, num_patches=5',
+    },
+    'logging': {
+        'logger': VALUE,
+    },
+}
+
+#: 1.x signatures nnterp 2 changes on purpose (docs/coming-from-1x.md): the constructor is keyword-only after
+#: ``model`` (1.x's keywords pass through ``**kwargs``; ``check_renaming`` is off by default).
+DELIBERATE = {("standardized_transformer", "StandardizedTransformer")}
+
+
+def _expected(text: str) -> list:
+    """``[(name, default source or None)]`` of a signature's text (``*args`` / ``**kwargs`` keep their stars)."""
+    args = ast.parse(f"def f({text}): pass").body[0].args
+    positional = args.posonlyargs + args.args
+    defaults = [None] * (len(positional) - len(args.defaults)) + args.defaults
+    found = [(a.arg, None if d is None else ast.unparse(d)) for a, d in zip(positional, defaults)]
+    found += [("*" + args.vararg.arg, None)] if args.vararg else []
+    found += [(a.arg, None if d is None else ast.unparse(d)) for a, d in zip(args.kwonlyargs, args.kw_defaults)]
+    return found + ([("**" + args.kwarg.arg, None)] if args.kwarg else [])
+
+
+def _same_default(live, source: str, namespace: dict) -> bool:
+    try:
+        return live == ast.literal_eval(source)
+    except ValueError:  # a name (``tqdm``): the object it names in the module
+        return live is namespace.get(source)
+
+
+def _problems(signature: inspect.Signature, text: str, namespace: dict) -> list:
+    """How ``signature`` fails to take every call 1.x's ``text`` took: same names in the same order, same defaults."""
+    live = list(signature.parameters.values())
+    problems = []
+    for i, (name, default) in enumerate(_expected(text)):
+        if name.startswith("**"):
+            if not any(p.kind is p.VAR_KEYWORD for p in live):
+                problems.append(f"no {name}")
+            continue
+        if i >= len(live) or live[i].name != name.lstrip("*"):
+            problems.append(f"parameter {i} is {live[i].name if i < len(live) else 'missing'}, 1.x's is {name}")
+            continue
+        if default is not None and not _same_default(live[i].default, default, namespace):
+            problems.append(f"{name}'s default is {live[i].default!r}, 1.x's {default}")
+    extra = [p for p in live[len(_expected(text)):] if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return problems + [f"new required parameter {p.name}" for p in extra]
+
+
+def _method_signature(cls: type, name: str) -> inspect.Signature:
+    static = inspect.getattr_static(cls, name)
+    if isinstance(static, (staticmethod, classmethod)):
+        return inspect.signature(getattr(cls, name))
+    signature = inspect.signature(static)
+    return signature.replace(parameters=list(signature.parameters.values())[1:])  # drop self
+
+
+NAMES = [(module, name) for module, names in ONEX.items() for name in names]
+
+
+@pytest.mark.parametrize(("module", "name"), NAMES, ids=[f"{m}.{n}" for m, n in NAMES])
+def test_every_1x_name_imports_from_its_1x_module_with_a_compatible_signature(module, name):
+    namespace = vars(importlib.import_module(f"nnterp.{module}"))
+    found = namespace[name] if name in namespace else getattr(importlib.import_module(f"nnterp.{module}"), name)
+    spec = ONEX[module][name]
+    if spec is VALUE:
+        return
+    if isinstance(spec, str):
+        problems = _problems(inspect.signature(found), spec, namespace)
+        assert not problems, problems
+        return
+    init, methods = spec
+    assert isinstance(found, type)
+    if (module, name) in DELIBERATE:
+        parameters = list(inspect.signature(found).parameters.values())
+        assert parameters[0].name == "model" and parameters[-1].kind is inspect.Parameter.VAR_KEYWORD
+        return
+    if init is not None:
+        problems = _problems(inspect.signature(found), init, namespace)
+        assert not problems, problems
+    for method, text in methods.items():
+        if text == "property":
+            assert isinstance(inspect.getattr_static(found, method), property), method
+        else:
+            problems = _problems(_method_signature(found, method), text, namespace)
+            assert not problems, (method, problems)
+
+
+def test_the_1x_top_level_names_and_modules_import_lazily():
+    import nnterp
+    from nnterp.nnsight_utils import ModuleAccessor
+    from nnterp.rename_utils import get_rename_dict
+
+    assert nnterp.get_rename_dict is get_rename_dict and nnterp.ModuleAccessor is ModuleAccessor
+    assert {"get_rename_dict", "ModuleAccessor"} <= set(nnterp.__all__)
+    from nnterp.standardized_transformer import StandardizedTransformer as Old
+
+    assert Old is StandardizedTransformer
+    code = "import sys, nnterp; print(sorted(m for m in sys.modules if m in {names}))".format(
+        names=sorted(f"nnterp.{m}" for m in set(ONEX) - {"interventions"})
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+# -- nnsight_utils, on a StandardizedTransformer of each family and on a plain nnsight LanguageModel
+
+
+ONEX_FAMILIES = model_type_params(["gpt2", "llama", "qwen3", "qwen3_moe", "qwen3_5_text", "mamba", "mamba2"])
+
+
+@pytest.fixture(scope="module")
+def plains(checkpoint):
+    cache: dict = {}
+
+    def get(model_type: str, **kwargs):
+        key = (model_type, tuple(sorted(kwargs.items())))
+        if key not in cache:
+            cache[key] = AutoModelForCausalLM.from_pretrained(checkpoint(model_type), **kwargs).eval()
+        return cache[key]
+
+    return get
+
+
+def _hooked(plain, paths: dict, *args, pre: dict | None = None, **kwargs):
+    """``(plain(*args, **kwargs), {key: module output (its first element), "input": the input of paths["layer"]})``.
+
+    ``pre``: ``{path: fn(hidden) -> hidden}`` replacing a module's input.
+    """
+    outputs, hooks = {}, []
+    for key, path in paths.items():
+        hooks.append(plain.get_submodule(path).register_forward_hook(
+            lambda m, a, out, key=key: outputs.__setitem__(key, (out[0] if isinstance(out, tuple) else out).clone())))
+
+    def swap(fn):
+        def hook(module, args, kw):
+            if args:
+                return (fn(args[0]), *args[1:]), kw
+            return args, {**kw, "hidden_states": fn(kw["hidden_states"])}
+        return hook
+
+    def record(module, args, kw):
+        outputs["input"] = (args[0] if args else kw["hidden_states"]).clone()
+
+    hooks.append(plain.get_submodule(paths["layer"]).register_forward_pre_hook(record, with_kwargs=True))
+    for path, fn in (pre or {}).items():
+        hooks.append(plain.get_submodule(path).register_forward_pre_hook(swap(fn), with_kwargs=True))
+    try:
+        with torch.no_grad():
+            return plain(*args, **kwargs), outputs
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def _part_paths(model, layer: int) -> dict:
+    paths = {"layer": f"{model.family.LAYERS}.{layer}"}
+    if model.attentions[layer] is not None:
+        paths["mixer"] = model.attentions[layer].path.removeprefix("model.")
+    if model.mlps[layer] is not None:
+        paths["mlp"] = model.mlps[layer].path.removeprefix("model.")
+    return paths
+
+
+@pytest.mark.parametrize("model_type", ONEX_FAMILIES)
+def test_nnsight_utils_read_and_write_what_hf_computes(model_type, load, plains):
+    from nnterp import nnsight_utils as nu
+
+    model, plain = load(model_type), plains(model_type)
+    ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
+    last = nu.get_num_layers(model) - 1
+    assert nu.get_num_layers(model) == len(plain.get_submodule(model.family.LAYERS))
+    assert nu.get_layer(model, 1) is nu.get_layers(model)[1] is model.layers[1]
+    assert type(nu.get_unembed_norm(model)._module) is type(plain.get_submodule(model.family.LN_FINAL))
+    assert type(nu.get_unembed(model)._module) is type(plain.get_submodule(model.family.LM_HEAD))
+    assert nu.get_attention(model, 0) is model.attentions[0] and nu.get_mlp(model, 0) is model.mlps[0]
+    paths = _part_paths(model, 0)
+    read: dict = {}
+    with torch.no_grad(), model.trace(ids):
+        read["embed"] = nu.get_embed_tokens(model).output.save()
+        read["input"] = nu.get_layer_input(model, 0).save()
+        if "mixer" in paths:
+            read["mixer"] = nu.get_attention_output(model, 0).save()
+        if "mlp" in paths:
+            read["mlp"] = nu.get_mlp_output(model, 0).save()
+        read["layer"] = nu.get_layer_output(model, 0).save()
+        read["last"] = nu.get_layer_output(model, last).save()
+        read["projected"] = nu.project_on_vocab(model, read["last"]).save()
+        read["logits"] = nu.get_logits(model).save()
+        read["probs"] = nu.get_next_token_probs(model).save()
+    out, hooked = _hooked(plain, paths, ids)
+    torch.testing.assert_close(read["input"], hooked["input"])
+    torch.testing.assert_close(read["embed"], plain.get_submodule(model.family.EMBED_TOKENS)(ids))
+    for key in paths:
+        torch.testing.assert_close(read[key], hooked[key])
+    torch.testing.assert_close(read["logits"], out.logits)
+    torch.testing.assert_close(read["projected"], out.logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(read["probs"], out.logits[:, -1].softmax(-1))
+
+    replacement = torch.randn_like(read["layer"])
+    with torch.no_grad(), model.trace(ids):
+        nu.set_layer_output(model, 0, replacement)
+        written = nu.get_logits(model).save()
+    oracle = plain.get_submodule(paths["layer"]).register_forward_hook(
+        lambda m, a, o: (replacement, *o[1:]) if isinstance(o, tuple) else replacement)
+    try:
+        with torch.no_grad():
+            expected = plain(ids).logits
+    finally:
+        oracle.remove()
+    torch.testing.assert_close(written, expected)
