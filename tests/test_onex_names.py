@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from nnterp import StandardizedTransformer
-from tests.suites.checkpoint import PROMPT, model_type_params
+from tests.suites.checkpoint import OTHER, PROMPT, model_type_params
 
 VALUE = None
 ONEX = {
@@ -337,3 +337,84 @@ def test_nnsight_utils_read_and_write_what_hf_computes(model_type, load, plains)
     finally:
         oracle.remove()
     torch.testing.assert_close(written, expected)
+
+
+def _last_token_outputs(model, plain, prompts, layers) -> torch.Tensor:
+    """``[layers, prompts, hidden]``: HF's block outputs at the last token (prompts of one length: no padding)."""
+    batch = model.tokenizer(prompts, return_tensors="pt")
+    paths = {layer: f"{model.family.LAYERS}.{layer}" for layer in layers}
+    _, hooked = _hooked(plain, {**paths, "layer": paths[layers[0]]}, **batch)
+    return torch.stack([hooked[layer][:, -1] for layer in layers])
+
+
+@pytest.mark.parametrize("model_type", model_type_params(["gpt2", "llama", "qwen3_5_text", "mamba"]))
+def test_token_activations_are_1x_layers_by_prompts_tensors(model_type, load, plains):
+    from nnterp import nnsight_utils as nu
+
+    model, plain = load(model_type), plains(model_type)
+    prompts, layers = [PROMPT, OTHER, "Hello"], list(range(model.num_layers))
+    acts = nu.get_token_activations(model, prompts)
+    assert acts.shape == (model.num_layers, 3, model.hidden_size) and acts.device.type == "cpu"
+    alone = torch.cat([_last_token_outputs(model, plain, [p], layers) for p in prompts], dim=1)
+    torch.testing.assert_close(acts, alone, atol=1e-4, rtol=1e-4)  # left-padded together: each as if alone
+    torch.testing.assert_close(nu.get_token_activations(nn_model=model, prompts=prompts, layers=[-1, 0]), acts[[-1, 0]])
+    with torch.no_grad(), model.trace(prompts) as tracer:
+        inside = nu.get_token_activations(model, tracer=tracer).save()
+    torch.testing.assert_close(inside, acts)
+    torch.testing.assert_close(nu.collect_token_activations_batched(model, prompts, 1), alone)
+    torch.testing.assert_close(nu.collect_last_token_activations_session(model, prompts, 1), alone)
+    with pytest.raises(ValueError, match="right padding"):
+        nu.get_token_activations(model, prompts, idx=1)
+    with pytest.raises(ValueError, match="prompts must be provided"):
+        nu.get_token_activations(model)
+    probs = nu.compute_next_token_probs(model, prompts)
+    with torch.no_grad():
+        expected = torch.cat([plain(**model.tokenizer([p], return_tensors="pt")).logits[:, -1].softmax(-1) for p in prompts])
+    torch.testing.assert_close(probs, expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore::nnsight.NNsightDeprecationWarning")  # nnsight 0.8 deprecates LanguageModel; 1.x code builds one
+def test_nnsight_utils_on_a_plain_language_model_read_the_1x_paths(checkpoint, plains):
+    from nnsight import LanguageModel
+
+    from nnterp import nnsight_utils as nu
+
+    raw, plain = LanguageModel(str(checkpoint("llama")), dispatch=True), plains("llama")
+    ids = raw.tokenizer(PROMPT, return_tensors="pt").input_ids
+    assert nu.get_num_layers(raw) == len(plain.model.layers) and nu.get_layer(raw, 1) is raw.model.layers[1]
+    read: dict = {}
+    with torch.no_grad(), raw.trace(ids):
+        read["input"] = nu.get_layer_input(raw, 0).save()
+        read["mixer"] = nu.get_attention_output(raw, 0).save()
+        read["mlp"] = nu.get_mlp_output(raw, 0).save()
+        read["layer"] = nu.get_layer_output(raw, 0).save()
+        read["projected"] = nu.project_on_vocab(raw, nu.get_layer_output(raw, 1)).save()
+        read["probs"] = nu.get_next_token_probs(raw).save()
+    out, hooked = _hooked(plain, {"layer": "model.layers.0", "mixer": "model.layers.0.self_attn", "mlp": "model.layers.0.mlp"}, ids)
+    for key in ("input", "mixer", "mlp", "layer"):
+        torch.testing.assert_close(read[key], hooked[key])
+    torch.testing.assert_close(read["projected"], out.logits)
+    torch.testing.assert_close(read["probs"], out.logits[:, -1].softmax(-1))
+    prompts = [PROMPT, OTHER]
+    standard = StandardizedTransformer(str(checkpoint("llama")), dispatch=True, device="cpu")
+    torch.testing.assert_close(nu.get_token_activations(raw, prompts), nu.get_token_activations(standard, prompts))
+
+
+@pytest.mark.parametrize("model_type", model_type_params(["gpt2", "llama", "qwen3_5_text", "mamba"]))
+def test_module_accessor_gives_the_hf_modules_under_the_standard_names(model_type, load, plains):
+    from nnterp import ModuleAccessor
+
+    model, plain = load(model_type), plains(model_type)
+    family = model.family
+    access = ModuleAccessor(plain)
+    assert access.get_layers() is access.layers is plain.get_submodule(family.LAYERS)
+    assert access.get_embed_tokens() is plain.get_submodule(family.EMBED_TOKENS)
+    assert access.get_unembed_norm() is access.ln_final is plain.get_submodule(family.LN_FINAL)
+    assert access.get_unembed() is plain.get_submodule(family.LM_HEAD)
+    for layer in range(model.num_layers):
+        for part, get in (("self_attn", access.get_attention), ("mlp", access.get_mlp)):
+            envoy = getattr(model.layers[layer], part)
+            if envoy is not None and envoy.path.rpartition(".")[2] in (part, "attn", "mlp"):
+                assert get(layer) is plain.get_submodule(envoy.path.removeprefix("model."))
+    with pytest.raises(AttributeError):
+        access.config  # not a module
