@@ -288,7 +288,8 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
                 "model needs at least one token to run on; pass a non-empty prompt"
             )
         mask = kwargs.get("attention_mask")
-        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and kwargs.get("past_key_values") is None:
+        # Under `model.scan` the mask is a fake tensor: its values are unknown, and the checks below read them.
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and kwargs.get("past_key_values") is None and detect_fake_mode([mask]) is None:
             empty = (mask.sum(-1) == 0).nonzero().flatten().tolist()
             if empty:
                 raise EmptyPrompt(

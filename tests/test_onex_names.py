@@ -418,3 +418,118 @@ def test_module_accessor_gives_the_hf_modules_under_the_standard_names(model_typ
                 assert get(layer) is plain.get_submodule(envoy.path.removeprefix("model."))
     with pytest.raises(AttributeError):
         access.config  # not a module
+
+
+# -- rename_utils, utils
+
+
+def test_rename_dict_and_config_lookups_follow_1x_definitions(plains):
+    from nnterp.rename_utils import (
+        MODEL_NAMES,
+        RenameConfig,
+        RenamingError,
+        expand_path_with_model,
+        get_hidden_size,
+        get_num_attention_heads,
+        get_rename_dict,
+        get_vocab_size,
+        text_config,
+    )
+
+    assert expand_path_with_model(["h", "model.x"]) == ["h", "model.x"] + [f"model.{name}.x" for name in MODEL_NAMES]
+    renamed = get_rename_dict(RenameConfig(attn_name=["a", "b"], layers_name="blocks_here", lm_head_name="out"))
+    assert {k: renamed[k] for k in ("a", "b", "blocks_here", "out")} == {"a": "self_attn", "b": "self_attn", "blocks_here": "layers", "out": "lm_head"}
+    assert renamed["model.layers"] == "layers" and renamed["model.transformer.ln_final"] == "ln_final" and renamed["wte"] == "embed_tokens"
+    plain = plains("llama")
+    config = plain.config
+    assert text_config(plain) is config
+    assert get_num_attention_heads(plain) == config.num_attention_heads and get_hidden_size(plain) == config.hidden_size
+    assert get_vocab_size(plain) == config.vocab_size
+    assert get_hidden_size(plain, rename_config=RenameConfig(hidden_size_config_key=7)) == 7
+    assert get_num_attention_heads(plain, rename_config=RenameConfig(attn_head_config_key="intermediate_size")) == config.num_attention_heads
+    mamba = plains("mamba")
+    assert get_num_attention_heads(mamba, raise_error=False) is None
+    with pytest.raises(RenamingError) and pytest.raises(ValueError):
+        get_num_attention_heads(mamba)
+
+
+@pytest.mark.parametrize("model_type", model_type_params(["gpt2", "llama"]))
+def test_1x_layer_accessor_and_renaming_check_on_a_standardized_transformer(model_type, load, plains):
+    from nnterp.rename_utils import IOType, LayerAccessor, check_model_renaming, get_ignores
+
+    model, plain = load(model_type), plains(model_type)
+    ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
+    mlp_out, attn_out = LayerAccessor(model, "mlp", IOType.OUTPUT), LayerAccessor(model, "self_attn", IOType.OUTPUT)
+    layer_out = LayerAccessor(model, None, IOType.OUTPUT)
+    replacement = torch.randn(ids.shape[1], model.hidden_size)
+    read: dict = {}
+    with torch.no_grad(), model.trace(ids):
+        read["mixer"] = attn_out[0].save()
+        read["mlp"] = mlp_out[0].save()
+        layer_out[0] = replacement[None]
+        read["logits"] = model.logits.save()
+    assert attn_out.returns_tuple is True and layer_out.returns_tuple is None  # detected on a read, as in 1.x
+    assert LayerAccessor(model, "mlp", None)[0] is model.layers[0].mlp
+    paths = _part_paths(model, 0)
+    _, hooked = _hooked(plain, paths, ids)
+    torch.testing.assert_close(read["mixer"], hooked["mixer"])
+    torch.testing.assert_close(read["mlp"], hooked["mlp"])
+    hook = plain.get_submodule(paths["layer"]).register_forward_hook(lambda m, a, o: (replacement[None], *o[1:]) if isinstance(o, tuple) else replacement[None])
+    try:
+        with torch.no_grad():
+            expected = plain(ids).logits
+    finally:
+        hook.remove()
+    torch.testing.assert_close(read["logits"], expected)
+    assert get_ignores(plain) == []
+    check_model_renaming(model, model_type, [], allow_dispatch=True)
+
+
+@pytest.mark.parametrize("model_type", model_type_params(["gpt2", "llama"]))
+def test_1x_attention_probabilities_accessor_reads_hf_eager_weights(model_type, checkpoint, plains):
+    import nnsight
+
+    from nnterp.rename_utils import AttentionProbabilitiesAccessor, RenamingError, get_rename_dict
+
+    plain = plains(model_type, attn_implementation="eager")
+    ids = torch.tensor([[3, 14, 15, 92, 65]])
+    with torch.no_grad():
+        expected = plain(ids, output_attentions=True).attentions
+    standard = StandardizedTransformer(str(checkpoint(model_type)), dispatch=True, device="cpu", enable_attention_probs=True)
+    raw = nnsight.TransformersModel(  # renamed as 1.x's StandardizedTransformer renamed
+        str(checkpoint(model_type)), task="text-generation", dispatch=True, attn_implementation="eager", rename=get_rename_dict()
+    )
+    for model in (standard, raw):
+        probs = AttentionProbabilitiesAccessor(model)
+        with torch.no_grad(), model.trace(ids):
+            got = probs[1].save()
+        torch.testing.assert_close(got, expected[1])
+    AttentionProbabilitiesAccessor(standard).check_source()
+    disabled = AttentionProbabilitiesAccessor(standard)
+    disabled.disable()
+    with pytest.raises(RenamingError, match="enable_attention_probs=True"), torch.no_grad(), standard.trace(ids):
+        disabled[0]
+
+
+def test_1x_utils(load):
+    import transformers
+
+    from nnterp import utils
+
+    assert utils.LlamaForCausalLM is transformers.LlamaForCausalLM and utils.TraceTensor is torch.Tensor
+    assert utils.NNSIGHT_VERSION and utils.TRANSFORMERS_VERSION == transformers.__version__
+    assert utils.unpack_tuple((1, 2)) == 1 and utils.unpack_tuple(3) == 3 and utils.DummyCache().to_legacy_cache() is None
+    assert utils.dummy_inputs()["input_ids"].tolist() == [[0, 1, 1]] and utils.is_notebook() is False
+    model = load("llama")
+    seen = []
+    assert utils.try_with_scan(model, lambda: seen.append(tuple(model.layers_output[0].shape)), ValueError("no"), True) is True
+    assert seen == [(1, 3, model.hidden_size)]
+
+    def broken():
+        raise KeyError("x")
+
+    with pytest.raises(ValueError, match="no"):
+        utils.try_with_scan(model, broken, ValueError("no"), True, warn_if_scan_fails=False)
+    from nnterp.logging import logger
+
+    assert logger.name == "nnterp" and logger.handlers
