@@ -533,3 +533,66 @@ def test_1x_utils(load):
     from nnterp.logging import logger
 
     assert logger.name == "nnterp" and logger.handlers
+
+
+# -- prompt_utils, display
+
+
+def test_first_tokens_prompts_and_run_prompts(load, plains):
+    from transformers import AutoTokenizer
+
+    from nnterp.prompt_utils import Prompt, get_first_tokens, next_token_probs_unsqueeze, run_prompts
+
+    model, plain = load("llama"), plains("llama")
+    bare = AutoTokenizer.from_pretrained(model.tokenizer.name_or_path, add_prefix_space=False)
+    first = lambda text: bare(text, add_special_tokens=False).input_ids[0]  # noqa: E731
+    expected = list(dict.fromkeys([first("Paris"), first(" Paris"), first("city"), first(" city")]))
+    assert get_first_tokens(["Paris", "city"], model) == expected == get_first_tokens(["Paris", "city"], bare)
+    prompts = [Prompt.from_strings(PROMPT, {"city": "Paris", "other": ["London", "Rome"]}, model), Prompt.from_strings(OTHER, "cheese", model)]
+    assert prompts[0].target_tokens["city"] == get_first_tokens("Paris", model) and prompts[1].target_strings == {"target": "cheese"}
+    assert Prompt("x", {"a": [1, 2], "b": [2]}).has_no_collisions() is False and Prompt("x", {"a": [1, 2], "b": [2]}).has_no_collisions("b")
+    same = [Prompt.from_strings(p, {"city": "Paris", "food": "cheese"}, model) for p in (PROMPT, OTHER)]
+    found = run_prompts(model, same, batch_size=1, tqdm=None)
+    with torch.no_grad():
+        probs = torch.stack([plain(**model.tokenizer(p.prompt, return_tensors="pt")).logits[0, -1].softmax(-1) for p in same])
+    for target in ("city", "food"):
+        oracle = torch.stack([probs[i, p.target_tokens[target]].sum() for i, p in enumerate(same)])[:, None]
+        torch.testing.assert_close(found[target], oracle, atol=1e-6, rtol=1e-4)
+    assert next_token_probs_unsqueeze(model, [PROMPT]).shape == (1, 1, model.vocab_size)
+    per_layer = torch.rand(1, 3, model.vocab_size)
+    torch.testing.assert_close(same[0].get_target_probs(per_layer)["city"], per_layer[:, :, same[0].target_tokens["city"]].sum(-1))
+    with pytest.raises(ValueError, match="same target keys"):
+        run_prompts(model, [same[0], prompts[1]], tqdm=None)
+
+
+def test_display_plots_the_top_tokens_and_tabulates_prompts(load, tmp_path, monkeypatch):  # plotly, pandas: in the test extra
+    import plotly.basedatatypes
+
+    from nnterp.display import plot_topk_tokens, prompts_to_df
+    from nnterp.prompt_utils import Prompt
+
+    shown = []
+    monkeypatch.setattr(plotly.basedatatypes.BaseFigure, "show", lambda self, *a, **k: shown.append(self))
+    model = load("llama")
+    probs = torch.rand(4, 2, model.vocab_size).softmax(-1)
+    fig = plot_topk_tokens(probs, model.tokenizer, k=3, file=tmp_path / "top.html")
+    assert shown == [fig] and len(fig.data) == 4 and (tmp_path / "top.html").is_file()
+    top = torch.topk(probs[1], k=3, dim=-1)
+    assert [list(row) for row in fig.data[1].z] == top.values.tolist()
+    assert fig.data[1].text[0][0] == "'" + model.tokenizer.convert_ids_to_tokens(int(top.indices[0, 0])) + "'"
+    prompt = Prompt.from_strings(PROMPT, {"city": "Paris"}, model)
+    table = prompts_to_df([prompt], model.tokenizer)
+    assert table[0]["prompt"] == PROMPT and table[0]["city_string"] == "Paris"
+    assert table[0]["city_tokens"] == model.tokenizer.convert_ids_to_tokens(prompt.target_tokens["city"])
+
+
+def test_display_without_its_extra_names_the_install(monkeypatch):
+    from nnterp.display import plot_topk_tokens, prompts_to_df
+
+    monkeypatch.setitem(sys.modules, "plotly", None)
+    monkeypatch.setitem(sys.modules, "plotly.graph_objects", None)
+    monkeypatch.setitem(sys.modules, "pandas", None)
+    with pytest.raises(ImportError, match=r"nnterp\[display\]"):
+        plot_topk_tokens(torch.rand(5), None)
+    with pytest.raises(ImportError, match=r"nnterp\[display\]"):
+        prompts_to_df([])
