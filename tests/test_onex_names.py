@@ -596,3 +596,95 @@ def test_display_without_its_extra_names_the_install(monkeypatch):
         plot_topk_tokens(torch.rand(5), None)
     with pytest.raises(ImportError, match=r"nnterp\[display\]"):
         prompts_to_df([])
+
+
+# -- interventions: 1.x's three helpers nnterp 2 lacked, and 1.x's keyword
+
+
+CHAT = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% if not loop.last %}</{{ m['role'] }}>{% endif %}{% endfor %}"
+
+
+def test_it_repeat_prompt_puts_the_repeat_prompt_in_the_chat_template(load):
+    from nnterp.interventions import it_repeat_prompt, repeat_prompt
+
+    tokenizer = load("llama").tokenizer
+    tokenizer.chat_template = CHAT
+    try:
+        plain = repeat_prompt().prompt
+        target = it_repeat_prompt(tokenizer)
+        assert target.index_to_patch == -1 and target.prompt.startswith("<system>You are a helpful assistant.</system><user>I will")
+        assert target.prompt.endswith(f"<user>{plain}</user><assistant>{plain}")
+        assert it_repeat_prompt(tokenizer, complete_prompt=False).prompt.endswith(f"<user>{plain}</user><assistant>")
+        bare = it_repeat_prompt(tokenizer, words=["a"], add_user_instr=False, use_system_prompt=False).prompt
+        assert bare == "<user>Guess the next word in the following sentence (answer only the next word): a a\n?</user><assistant>a a\n?"
+    finally:
+        tokenizer.chat_template = None
+
+
+@pytest.mark.parametrize("model_type", model_type_params(["gpt2", "llama", "qwen3_5_text"]))
+def test_patchscope_generate_is_hf_greedy_with_the_source_hidden_state_patched_in(model_type, load, plains):
+    from nnterp.interventions import TargetPrompt, patchscope_generate
+
+    model, plain = load(model_type), plains(model_type)
+    target = TargetPrompt("king king\n1135 1135\nhello hello\n?", index_to_patch=-1)
+    sources = [PROMPT, OTHER]
+    got = patchscope_generate(model, sources, target, max_length=3, layers=[1, 0], max_batch_size=2)
+    assert sorted(got) == [0, 1]
+    ids = model.tokenizer(target.prompt, return_tensors="pt").input_ids
+    for layer in (0, 1):
+        path = f"{model.family.LAYERS}.{layer}"
+        for row, source in enumerate(sources):
+            _, hooked = _hooked(plain, {"layer": path}, **model.tokenizer(source, return_tensors="pt"))
+            latent = hooked["layer"][0, -1]
+
+            def patch(module, args, out, latent=latent):
+                hidden = out[0] if isinstance(out, tuple) else out
+                if hidden.shape[1] > 1:  # the prompt's forward, not a decode step
+                    hidden = hidden.clone()
+                    hidden[:, -1] = latent
+                return (hidden, *out[1:]) if isinstance(out, tuple) else hidden
+
+            hook = plain.get_submodule(path).register_forward_hook(patch)
+            try:
+                with torch.no_grad():
+                    expected = plain.generate(ids, max_new_tokens=3, do_sample=False)
+            finally:
+                hook.remove()
+            assert got[layer][row].tolist() == expected[0].tolist(), (layer, row)
+
+
+@pytest.mark.parametrize("model_type", model_type_params(["gpt2", "llama"]))
+def test_patch_object_attn_lens_patches_the_attention_inputs_as_hf_would(model_type, load, plains):
+    from nnterp.interventions import patch_object_attn_lens
+
+    model, plain = load(model_type), plains(model_type)
+    got = patch_object_attn_lens(model, PROMPT, OTHER, attn_idx_patch=2, num_patches=1)
+    assert got.shape == (1, model.num_layers, model.vocab_size)
+    attention = {layer: model.attentions[layer].path.removeprefix("model.") for layer in range(model.num_layers)}
+    inputs = {}
+    hooks = [plain.get_submodule(path).register_forward_pre_hook(
+        lambda m, a, kw, layer=layer: inputs.__setitem__(layer, (a[0] if a else kw["hidden_states"])[:, -1].clone()), with_kwargs=True)
+        for layer, path in attention.items()]
+    try:
+        with torch.no_grad():
+            plain(**model.tokenizer(PROMPT, return_tensors="pt"))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for layer in range(model.num_layers):
+
+        def swap(hidden, layer=layer):
+            hidden = hidden.clone()
+            hidden[:, 2] = inputs[layer]
+            return hidden
+
+        out, _ = _hooked(plain, {"layer": f"{model.family.LAYERS}.0"}, **model.tokenizer(OTHER, return_tensors="pt"), pre={attention[layer]: swap})
+        torch.testing.assert_close(got[0, layer], out.logits[0, -1].softmax(-1), atol=1e-6, rtol=1e-4)
+
+
+def test_logit_lens_and_patchscope_lens_take_1x_nn_model_keyword(load):
+    from nnterp.interventions import logit_lens, patchscope_lens
+
+    model = load("llama")
+    torch.testing.assert_close(logit_lens(nn_model=model, prompts=[PROMPT]), logit_lens(model, [PROMPT]))
+    torch.testing.assert_close(patchscope_lens(nn_model=model, source_prompts=[PROMPT], layers=1), patchscope_lens(model, [PROMPT], layers=1))
