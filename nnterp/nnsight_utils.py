@@ -214,7 +214,7 @@ def get_token_activations(
     ``get_activations`` defaults to `get_layer_output`. Without ``tracer``
     the prompts run in a trace of their own (stopped after the last read) and
     the result is on the CPU; with ``tracer=`` (inside a trace, prompts
-    ``None``) the values are read there, on the device of layer 0's output.
+    ``None``) the values are read there, on the device of the first one read.
     A negative ``idx`` needs left padding, a positive one right padding.
     """
     with th.no_grad():
@@ -224,17 +224,21 @@ def get_token_activations(
         idx = -1 if idx is None else idx
         _check_idx(nn_model, idx)
         layers = list(range(get_num_layers(nn_model))) if layers is None else layers
-        acts = []
+        count = get_num_layers(nn_model)
+        # Read in the order the model runs (nnsight 0.8 serves each value once, as it passes), returned in the order asked.
+        order = sorted(set(layers), key=lambda layer: layer + count if layer < 0 else layer)
+        read: dict = {}
         if tracer is None:
             with nn_model.trace(prompts, remote=remote) as run:
-                for layer in layers:
-                    acts.append(get_activations(nn_model, layer)[:, idx].cpu().save())
+                for layer in order:
+                    read[layer] = get_activations(nn_model, layer)[:, idx].cpu().save()
                 run.stop()
         else:
-            device = get_layer_output(nn_model, 0).device
-            for layer in layers:
-                acts.append(get_activations(nn_model, layer)[:, idx].to(device))
-        return th.stack(acts)
+            for layer in order:
+                read[layer] = get_activations(nn_model, layer)[:, idx]
+            # 1.x moved every value to layer 0's output device; that value is served once, so the first read's device is used.
+            read = {layer: value.to(read[order[0]].device) for layer, value in read.items()}
+        return th.stack([read[layer] for layer in layers])
 
 
 def collect_last_token_activations_session(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch as th
+from nnsight import TransformersModel
 from tqdm.auto import tqdm
 
 from .core.errors import InvalidArgument, TokenizationError
@@ -45,7 +46,7 @@ def get_first_tokens(words: str | list[str], llm_or_tokenizer: Any, use_hacky_im
 
     ``llm_or_tokenizer``: a `StandardizedTransformer` (its tokenizer reloaded
     with ``add_prefix_space=False``), an nnsight ``LanguageModel`` (its
-    tokenizer) or a tokenizer. ``use_hacky_implementation``: find the first
+    tokenizer; nnsight 0.8's ``TransformersModel`` too) or a tokenizer. ``use_hacky_implementation``: find the first
     token of ``word`` by tokenizing ``"🍐word"`` and dropping the pear's tokens.
     Raises `TokenizationError` when neither way isolates the word's first token.
     """
@@ -57,7 +58,7 @@ def get_first_tokens(words: str | list[str], llm_or_tokenizer: Any, use_hacky_im
         except Exception as error:
             logger.warning(f"Error getting model.add_prefix_false_tokenizer, using model.tokenizer instead:\n{error}")
             tokenizer = llm_or_tokenizer.tokenizer
-    elif isinstance(llm_or_tokenizer, LanguageModel):
+    elif isinstance(llm_or_tokenizer, TransformersModel):  # LanguageModel is one
         tokenizer = llm_or_tokenizer.tokenizer
     else:
         tokenizer = llm_or_tokenizer

@@ -252,7 +252,12 @@ def default_attention_prob_source(attention_module: Any, return_module_source: b
 
 def gpt2_attention_prob_source(attention_module: Any, return_module_source: bool = False) -> Any:
     call = _eager_call(attention_module)
-    return call if return_module_source else call.module_attn_dropout_0
+    if return_module_source:
+        return call
+    try:
+        return call.module_attn_dropout_0  # transformers 4
+    except AttributeError:
+        return call.nn_functional_dropout_0  # transformers 5: the shared eager function
 
 
 def gptj_attention_prob_source(attention_module: Any, return_module_source: bool = False) -> Any:
