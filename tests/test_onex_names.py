@@ -21,6 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from nnterp import StandardizedTransformer
+from tests.onex.utils import TEST_MODELS
 from tests.suites.checkpoint import OTHER, PROMPT, model_type_params
 
 VALUE = None
@@ -234,7 +235,7 @@ def test_the_1x_top_level_names_and_modules_import_lazily():
 # -- nnsight_utils, on a StandardizedTransformer of each family and on a plain nnsight LanguageModel
 
 
-ONEX_FAMILIES = model_type_params(["gpt2", "llama", "qwen3", "qwen3_moe", "qwen3_5_text", "mamba", "mamba2"])
+ONEX_FAMILIES = model_type_params(TEST_MODELS)  # the families the ported 1.x suite runs on
 
 
 @pytest.fixture(scope="module")
@@ -347,7 +348,7 @@ def _last_token_outputs(model, plain, prompts, layers) -> torch.Tensor:
     return torch.stack([hooked[layer][:, -1] for layer in layers])
 
 
-@pytest.mark.parametrize("model_type", model_type_params(["gpt2", "llama", "qwen3_5_text", "mamba"]))
+@pytest.mark.parametrize("model_type", ONEX_FAMILIES)
 def test_token_activations_are_1x_layers_by_prompts_tensors(model_type, load, plains):
     from nnterp import nnsight_utils as nu
 
@@ -400,7 +401,7 @@ def test_nnsight_utils_on_a_plain_language_model_read_the_1x_paths(checkpoint, p
     torch.testing.assert_close(nu.get_token_activations(raw, prompts), nu.get_token_activations(standard, prompts))
 
 
-@pytest.mark.parametrize("model_type", model_type_params(["gpt2", "llama", "qwen3_5_text", "mamba"]))
+@pytest.mark.parametrize("model_type", ONEX_FAMILIES)
 def test_module_accessor_gives_the_hf_modules_under_the_standard_names(model_type, load, plains):
     from nnterp import ModuleAccessor
 
@@ -621,7 +622,7 @@ def test_it_repeat_prompt_puts_the_repeat_prompt_in_the_chat_template(load):
         tokenizer.chat_template = None
 
 
-@pytest.mark.parametrize("model_type", model_type_params(["gpt2", "llama", "qwen3_5_text"]))
+@pytest.mark.parametrize("model_type", ONEX_FAMILIES)
 def test_patchscope_generate_is_hf_greedy_with_the_source_hidden_state_patched_in(model_type, load, plains):
     from nnterp.interventions import TargetPrompt, patchscope_generate
 
