@@ -44,7 +44,7 @@ from .core.errors import (
     UnsupportedModel,
     WrongType,
 )
-from .core.layers import layer_index, layer_indices
+from .core.indices import layer_index, layer_indices
 
 
 def _mixer(layer: Any) -> Any:

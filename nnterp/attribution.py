@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from .core.errors import InvalidArgument, ShapeError, Unavailable, WrongType
-from .core.layers import layer_index
+from .core.indices import layer_index
 from .sweep import per_token_states, recurrent_layers, sweep_positions, target_id
 
 __all__ = ["AttributionResult", "state_attribution", "rank_correlation"]

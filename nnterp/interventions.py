@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from .core.errors import InvalidArgument, SignatureError, WrongType
-from .core.layers import layer_indices
+from .core.indices import layer_indices
 from .logging import logger
 from .nnsight_utils import get_attention, get_layer_output, get_next_token_probs, get_num_layers
 from .nnsight_utils import get_token_activations as layer_activations

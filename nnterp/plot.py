@@ -30,7 +30,7 @@ import torch
 
 from .attribution import rank_correlation
 from .core.errors import InvalidArgument, ShapeError
-from .core.layers import layer_indices
+from .core.indices import layer_indices
 
 __all__ = ["state_norms", "head_norms", "effective_attention", "patch_effect", "attribution", "logit_lens", "token_label"]
 

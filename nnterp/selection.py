@@ -27,7 +27,7 @@ import torch
 
 from .core.calls import mediator
 from .core.errors import InvalidArgument, Unavailable, WrongType
-from .core.layers import layer_indices
+from .core.indices import layer_indices
 
 
 def recurrent_layers(model: Any) -> list[int]:

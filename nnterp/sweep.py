@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from .core.errors import InvalidArgument, OutOfVocabulary, PositionError, WrongType
-from .core.layers import layer_indices
+from .core.indices import layer_indices
 from .recurrent.routing import route_kernels
 
 __all__ = ["SweepResult", "patch_sweep", "per_token_states"]

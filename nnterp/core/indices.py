@@ -1,4 +1,4 @@
-"""The indices a researcher passes (token positions, heads, channels): one check for every reader.
+"""The indices a researcher passes (token positions, heads, channels, layers): one check for every reader.
 
 An index is a Python ``int`` (not a ``bool``, not a float), a negative one
 counting from the end of its axis. Anything else raises `WrongType`; an index
@@ -7,6 +7,12 @@ outside the axis raises `PositionError` naming the range, never wraps.
 ``effective_attention_of`` on every kind check their indices here, so one
 input is refused, or served, the same by all of them.
 
+A *layer* index (`layer_index`, `layer_indices`) is checked the same way over
+the model's ``n`` layers, ``[-n, n)``: the toolkit (``interventions``,
+``steer``, ``skip_layers``, the ``layers_output[i]`` accessors,
+``plot.logit_lens``, ``patch_sweep``, ``state_attribution``,
+``model.states_of``) checks through here, and an index outside never wraps.
+
 A *sequence* (`sequence`: a list, a tuple, a range, a 1-d integer tensor) is
 what ``states_of(positions)`` takes; a *selection* (`selection`) also takes
 ``None`` (all), one ``int`` and a ``slice``, as ``effective_attention_of`` does.
@@ -14,6 +20,7 @@ what ``states_of(positions)`` takes; a *selection* (`selection`) also takes
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -69,4 +76,29 @@ def selection(chosen: Any, size: int, what: str, unit: str = "position", place: 
     return sequence(chosen, size, what, unit, place)
 
 
-__all__ = ["index", "sequence", "selection"]
+def layer_index(layer: Any, count: int, where: str) -> int:
+    """``layer`` as an index from 0 into ``count`` layers; `PositionError` outside ``[-count, count)``.
+
+    ``where`` names the argument in the message (``"get_token_activations(layers=...)"``).
+    """
+    if isinstance(layer, bool) or not hasattr(layer, "__index__"):
+        raise WrongType(f"{where}: a layer index is an int, got {type(layer).__name__} {layer!r}")
+    index = operator.index(layer)
+    if not -count <= index < count:
+        raise PositionError(
+            f"{where}: layer {index} is out of range for the model's {count} layers; a layer index is in "
+            f"[-{count}, {count}) (negative ones count from the end), and nnterp does not wrap it (IndexError)"
+        )
+    return index % count
+
+
+def layer_indices(layers: Any, count: int, where: str) -> list[int]:
+    """An int or an iterable of them (a 1-d tensor too), each checked by `layer_index`, in the order given."""
+    if hasattr(layers, "tolist") and getattr(layers, "ndim", 1) <= 1:
+        layers = layers.tolist()
+    if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+        return [layer_index(layers, count, where)]
+    return [layer_index(layer, count, where) for layer in layers]
+
+
+__all__ = ["index", "sequence", "selection", "layer_index", "layer_indices"]
