@@ -36,6 +36,22 @@ def load():
     return get
 
 
+@pytest.fixture(scope="module")
+def plains():
+    """``plains(model_type, **from_pretrained_kwargs)`` -> the plain transformers model (the oracle), cached per module."""
+    from transformers import AutoModelForCausalLM
+
+    cache: dict = {}
+
+    def get(model_type: str, **kwargs):
+        key = (model_type, tuple(sorted(kwargs.items())))
+        if key not in cache:
+            cache[key] = AutoModelForCausalLM.from_pretrained(tiny_checkpoint(model_type), **kwargs).eval()
+        return cache[key]
+
+    return get
+
+
 @pytest.fixture(autouse=True)
 def default_kernels():
     """Every family's kernels are bound as at import after each test."""

@@ -21,19 +21,6 @@ PROMPT = "The Eiffel Tower is in the city of"
 FAMILIES = model_type_params(MODEL_TYPES)
 
 
-@pytest.fixture(scope="module")
-def plains(checkpoint):
-    cache: dict = {}
-
-    def get(model_type: str, **kwargs):
-        key = (model_type, tuple(sorted(kwargs.items())))
-        if key not in cache:
-            cache[key] = AutoModelForCausalLM.from_pretrained(checkpoint(model_type), **kwargs).eval()
-        return cache[key]
-
-    return get
-
-
 def _first(value):
     return value[0] if isinstance(value, tuple) else value
 

@@ -18,7 +18,6 @@ import sys
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from nnterp import StandardizedTransformer
 from tests.onex.utils import TEST_MODELS
@@ -236,19 +235,6 @@ def test_the_1x_top_level_names_and_modules_import_lazily():
 
 
 ONEX_FAMILIES = model_type_params(TEST_MODELS)  # the families the ported 1.x suite runs on
-
-
-@pytest.fixture(scope="module")
-def plains(checkpoint):
-    cache: dict = {}
-
-    def get(model_type: str, **kwargs):
-        key = (model_type, tuple(sorted(kwargs.items())))
-        if key not in cache:
-            cache[key] = AutoModelForCausalLM.from_pretrained(checkpoint(model_type), **kwargs).eval()
-        return cache[key]
-
-    return get
 
 
 def _hooked(plain, paths: dict, *args, pre: dict | None = None, **kwargs):
