@@ -321,10 +321,9 @@ class OneXInterface:
                 f"skip_layers({start_layer}, {end_layer}) skips nothing: layer {start_layer} comes after layer {end_layer} (of "
                 f"{self.num_layers}); pass start_layer <= end_layer, both inclusive (negative indices count from the end)"
             )
-        first, last = start_layer, end_layer
         if skip_with is None:
-            skip_with = self.layers_input[first]
-        for layer in range(first, last + 1):
+            skip_with = self.layers_input[start_layer]
+        for layer in range(start_layer, end_layer + 1):
             self.layers_output[layer] = skip_with
 
 

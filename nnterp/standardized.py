@@ -47,8 +47,6 @@ from .support import describe, support_table
 
 def _folder_config(path: str) -> Any:
     """A saved folder's config, or a `LoadError` (one line) saying what is wrong with its config.json and the fix."""
-    import json
-
     from transformers import AutoConfig
 
     file = os.path.join(path, "config.json")
