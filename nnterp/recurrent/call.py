@@ -15,7 +15,8 @@ table is resolved once (`table`), and `serve` / `assign` read and write an
 argument by its table name, tokens first (the layouts of
 `nnterp.recurrent.arguments`). It also owns the state entering and leaving
 the call (`state_input`, `state_output` and their writes), the runs between
-writes (`segments`) and token positions (`position`), for every strategy.
+writes (`segments`, over `runs_between_writes`, which lightning's own record
+uses too) and token positions (`position`), for every strategy.
 
 Every kind's order checks are the methods below (`Call.check_reachable` the
 one test they share), the MiniMax record and the checks of a call's entry
@@ -61,6 +62,22 @@ NO_CACHE = (
 KERNEL_RAN = "this call's kernel had already run (state_output, attention_output or a later value was read first)"
 #: What had passed when a call's first value is asked for after the mixer's call started.
 MIXER_RAN = "the mixer's call had started (attention_output, state_output or a later value was read first)"
+
+
+def runs_between_writes(writes: dict, seq: int, initial: Any, stop: int | None = None) -> list[tuple[int, int, Any]]:
+    """``(lo, hi, start)`` runs of tokens ``[lo, hi)`` of a ``seq``-token call up to ``stop``, cut after every
+    write (``writes``: ``{position: state}``): the first run starts from ``initial`` (the state entering the
+    call), each later one from the state written before it."""
+    stop = seq if stop is None else stop
+    runs, lo = [], 0
+    for t in sorted(writes):
+        if t >= stop:
+            break
+        runs.append((lo, t + 1, initial))
+        lo, initial = t + 1, writes[t]
+    if lo < stop:
+        runs.append((lo, stop, initial))
+    return runs
 
 
 class Call:
@@ -175,18 +192,8 @@ class Call:
         Mediator.swap(f"{self.op.path}.input", self.arguments)
 
     def segments(self, initial: Any, stop: int | None = None) -> list[tuple[int, int, Any]]:
-        """``(lo, hi, start)`` runs of tokens ``[lo, hi)`` up to ``stop``, cut after every write: the first run
-        starts from ``initial`` (the state entering the call), each later one from the state written before it."""
-        stop = self.seq if stop is None else stop
-        runs, lo = [], 0
-        for t in sorted(self.writes):
-            if t >= stop:
-                break
-            runs.append((lo, t + 1, initial))
-            lo, initial = t + 1, self.writes[t]
-        if lo < stop:
-            runs.append((lo, stop, initial))
-        return runs
+        """The call's runs between its writes up to ``stop`` (`runs_between_writes`), the first from ``initial``."""
+        return runs_between_writes(self.writes, self.seq, initial, stop)
 
     # -- the state entering and leaving the call ---------------------------------------
     # A prompt's kernel takes the entering state as argument ``"state"`` (``None`` on a fresh prompt) and returns
