@@ -13,7 +13,7 @@ that mount is off (``CONFIG.APP.PYMOUNT``).
 
 Each selected layer is its mixer's own read: ``states`` (every token) when
 ``positions`` is ``None``, else ``states_of(positions)``, whose cost and memory
-follow the positions (`nnterp.components.selected_states`). An unselected
+follow the positions (`RecurrentMixer.states_of`). An unselected
 layer is not touched, so nothing is computed for it. The layers are read in
 the model's order whatever order they are given in, since a trace serves
 values in the order the forward computes them.

@@ -90,12 +90,12 @@ from ..core.standard import Standard
 from ..core.values import DerivedEProperty, check_expected, module_output
 from ..fast.lightning import lightning_attention, lightning_tap_readout
 from ..recurrent.call import Call, order_hint
+from ..recurrent.gradient_support import gradient_reasons
 from ..recurrent.gradients import fill, recording, tap
 from . import lightning_one_pass
 from . import lightning_run as calls
-from .effective_attention import EffectiveAttention
-from .gradient_support import gradient_reasons
 from .lightning_run import Run
+from .recurrent import EffectiveAttention
 
 NO_ITERATION = (
     "lightning attention's prompt computes its state once per block of config.block_size tokens (no location "

@@ -26,7 +26,7 @@ from ..core.local import LocalDict
 from ..fast.buffers import empty_states
 from ..fast.lightning import lightning_scan, lightning_states
 from ..fast.scan import differentiable
-from ..recurrent.call import Call, order_hint
+from ..recurrent.call import Call, order_hint, runs_between_writes
 from ..recurrent.kernels import signature, signature_binding
 from ..recurrent.labels import bindings, call_label, missing
 
@@ -125,17 +125,8 @@ def position(mixer, run: Run, t: Any, what: str) -> int:
 
 
 def segments(mixer, run: Run, stop: int | None = None) -> list:
-    """``(lo, hi, initial)`` runs of the call up to ``stop``, split after every write."""
-    stop = run.seq if stop is None else stop
-    runs, lo, initial = [], 0, run.initial
-    for t in sorted(run.writes):
-        if t >= stop:
-            break
-        runs.append((lo, t + 1, initial))
-        lo, initial = t + 1, run.writes[t]
-    if lo < stop:
-        runs.append((lo, stop, initial))
-    return runs
+    """``(lo, hi, initial)`` runs of the call up to ``stop``, split after every write (`nnterp.recurrent.call.runs_between_writes`)."""
+    return runs_between_writes(run.writes, run.seq, run.initial, stop)
 
 
 def scan(mixer, run: Run, lo: int, hi: int, initial: Any, keep: bool = False) -> tuple:

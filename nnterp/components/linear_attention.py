@@ -139,16 +139,16 @@ class LinearAttention(RecurrentMixer):
         }
 
     def _prompt_state_shape(self, call: Call) -> tuple:
-        key, value = self._serve("k", call), self._serve("v", call)
+        key, value = call.serve("k"), call.serve("v")
         return (value.shape[0], value.shape[2], key.shape[3], value.shape[3])
 
-    def _continue_op(self, call: Call) -> Any:
+    def continue_op(self, call: Call) -> Any:
         return getattr(call.strategy["source"], self.DECAY_OP)
 
-    def _continue_from(self, call: Call, position: int, value: torch.Tensor) -> None:
+    def continue_from(self, call: Call, position: int, value: torch.Tensor) -> None:
         # Token t+1 starts with S_t · α_{t+1} (the decay, before its write): put
         # value there, so token t's own readout keeps the state it computed.
-        decay_op, pre = self._continue_op(call), getattr(call.strategy["source"], self.PRE_STATE_OP)
+        decay_op, pre = self.continue_op(call), getattr(call.strategy["source"], self.PRE_STATE_OP)
         occurrence = call.strategy["first"] + position + 1
         with pinned(occurrence):
             decay = decay_op.output

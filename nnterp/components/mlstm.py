@@ -138,7 +138,7 @@ class MLSTM(RecurrentMixer):
     RECURRENT_ARGUMENTS = CHUNK_ARGUMENTS
     EFFECTIVE = MLSTM_ATTENTION
 
-    #: Gradient-less values beyond the shared ones (`nnterp.components.gradient_support`).
+    #: Gradient-less values beyond the shared ones (`nnterp.recurrent.gradient_support`).
     GRADIENTLESS = {
         "state_output": (
             "the backend returns its final state beside its outputs, which do not read it (the model only copies it "
@@ -167,7 +167,7 @@ class MLSTM(RecurrentMixer):
         return {"mixer_heads": heads, "key_dim": self._module.qk_dim // heads, "value_dim": value_dim, "state_columns": value_dim + 2}
 
     def _prompt_state_shape(self, call: Call) -> tuple:
-        k, v = self._serve("k", call), self._serve("v", call)
+        k, v = call.serve("k"), call.serve("v")
         return (k.shape[0], k.shape[2], k.shape[3], v.shape[3] + 2)
 
     # -- the kernel's arguments --------------------------------------------------------
@@ -179,12 +179,12 @@ class MLSTM(RecurrentMixer):
     forget_gates = kernel_argument("fgate", "the forget gate's pre-activation f̃ (gate sigmoid(f̃)), [batch, seq, mixer_heads]", Gates)
 
     def _decays(self) -> torch.Tensor:
-        forget = self._serve("fgate")
+        forget = self.record().serve("fgate")
         decays = F.logsigmoid(forget.float())
         if recording(decays) and kernel_waiting(self):
             # Under autograd the kernel's forget gates are read through the served log decays (logit(exp(d)) = f̃),
             # with their own values, so decays.grad is the loss's derivative by them.
-            self._assign_argument("fgate", graft(decays, decays - torch.log(-torch.expm1(decays)), forget))
+            self.record().assign("fgate", graft(decays, decays - torch.log(-torch.expm1(decays)), forget))
         return decays
 
     decays = DerivedEProperty(
@@ -197,14 +197,14 @@ class MLSTM(RecurrentMixer):
     # -- the state entering and leaving the call, packed -----------------------------------
 
     def _read_state_input(self) -> torch.Tensor | None:
-        state = self._serve("state")  # a new tensor: the cache's buffers are overwritten after the call
+        state = self.record().serve("state")  # a new tensor: the cache's buffers are overwritten after the call
         return None if state is None or not bool(state.any()) else state
 
     def _write_state_input(self, value: Any) -> None:
-        call = self._record()
+        call = self.record()
         call.check_not_started("a write to `linear_attn.state_input`")
         check_expected("`linear_attn.state_input`", value, *call.expected)
-        self._assign_argument("state", value)
+        self.record().assign("state", value)
 
     def _cached(self, what: str) -> None:
         """Raise unless the call runs with a cache: only then does its final state carry on (as on every mixer)."""
@@ -213,11 +213,11 @@ class MLSTM(RecurrentMixer):
 
     def _read_output_state(self) -> torch.Tensor:
         self._cached("state_output")
-        return pack(*self._record().op.output[1])
+        return pack(*self.record().op.output[1])
 
     def _write_output_state(self, value: Any) -> None:
         self._cached("state_output")
-        call = self._record()
+        call = self.record()
         output = call.op.output
         check_expected("`linear_attn.state_output`", value, *call.expected)
         call.op.output = replace_in(output, 1, unpack(value))
@@ -246,23 +246,14 @@ class MLSTM(RecurrentMixer):
     def _split(self, what: str) -> Call:
         """This call's record, with the state it starts from (once per call)."""
         mediator(f"`linear_attn.{what}`")
-        call = self._record()
+        call = self.record()
         if "initial" not in call.strategy:
-            call.strategy.update(initial=self._serve("state"), served=False, read={})
+            call.strategy.update(initial=self.record().serve("state"), served=False, read={})
         return call
 
     def _segments(self, call: Call, stop: int | None = None) -> list:
-        """``(lo, hi, initial)`` runs of the call up to ``stop``, split after every write."""
-        stop = call.seq if stop is None else stop
-        runs, lo, initial = [], 0, call.strategy["initial"]
-        for t in sorted(call.writes):
-            if t >= stop:
-                break
-            runs.append((lo, t + 1, initial))
-            lo, initial = t + 1, call.writes[t]
-        if lo < stop:
-            runs.append((lo, stop, initial))
-        return runs
+        """The call's runs up to ``stop`` (`Call.segments`), the first from the state entering it."""
+        return call.segments(call.strategy["initial"], stop)
 
     def _all_computed(self, call: Call, stop: int | None = None, start: int = 0) -> torch.Tensor:
         """The packed states after tokens ``start .. stop - 1`` (written states not copied in), ``[batch, stop - start, ...]``.
@@ -275,7 +266,7 @@ class MLSTM(RecurrentMixer):
         state equals the cache's bit for bit), the token loop's, concatenated.
         """
         runs = [run for run in self._segments(call, stop) if run[0] >= start]
-        k, v, i, f = (self._serve(name) for name in ("k", "v", "igate", "fgate"))
+        k, v, i, f = (self.record().serve(name) for name in ("k", "v", "igate", "fgate"))
         if call.seq == 1 or differentiable(k, v, i, f, *(initial for _, _, initial in runs)):
             parts = [mlstm_states(k[:, lo:hi], k[:, lo:hi], v[:, lo:hi], i[:, lo:hi], f[:, lo:hi], initial) for lo, hi, initial in runs]
             return torch.cat(parts, dim=1)
@@ -287,7 +278,7 @@ class MLSTM(RecurrentMixer):
 
     def _states(self) -> torch.Tensor:
         call = self._split("states")
-        if not call.writes and recording(self._serve("k")) and kernel_waiting(self):
+        if not call.writes and recording(self.record().serve("k")) and kernel_waiting(self):
             return self._tapped_states(call)
         out = mlstm_one_pass.states(self, call)
         out = self._all_computed(call) if out is None else out
@@ -306,7 +297,7 @@ class MLSTM(RecurrentMixer):
         the gradient reaches the tap at every token, through the later tokens
         too, and the kernel's arguments through the recurrence.
         """
-        q, k, v, i, f = (self._serve(name) for name in ("q", "k", "v", "igate", "fgate"))
+        q, k, v, i, f = (self.record().serve(name) for name in ("q", "k", "v", "igate", "fgate"))
         collect = tap((k.shape[0], call.seq, *call.expected[0][1:]), k.float())
         states, h = mlstm_states(q, k, v, i, f, call.strategy["initial"], tap=collect, eps=self._module.config.eps)
         output = call.op.output  # the kernel has run: its output is what the layer reads on

@@ -72,7 +72,7 @@ def states(mixer: Any, call: Call) -> torch.Tensor | None:
         return None
     if not kernel_waiting(mixer) or not native_backend(mixer):
         return None
-    q, k, v, i, f = (mixer._serve(name) for name in ("q", "k", "v", "igate", "fgate"))
+    q, k, v, i, f = (mixer.record().serve(name) for name in ("q", "k", "v", "igate", "fgate"))
     initial = call.strategy["initial"]
     if any(x is not None and (x.dtype != torch.float32 or recording(x)) for x in (q, k, v, i, f, initial)):
         return None

@@ -1,33 +1,27 @@
 """RecurrentMixer: how a recurrent mixer's values are reached, whatever the values are.
 
-A recurrent mixer (a gated DeltaNet, a state-space layer) runs its sequence
-through a kernel function the modeling module calls: one kernel for a prompt,
-another for a one-token step over a cached state (a decode step of
-``generate``), picked by the forward's own test. Its values are the arguments
-and results of that call. What differs between mixers is which arguments mean
-what (a signature table per kernel, `nnterp.recurrent.arguments`) and how a
-state is written inside a call; what they share is here: which kernel fires
-(`KERNEL`, once per call), the per-call record (`nnterp.recurrent.call`), the
-state entering and leaving the call, and the state after every token,
-declared once and served by the strategy `nnterp.recurrent.per_token`
-chooses for this mixer of this model.
+A recurrent mixer (a gated DeltaNet, a state-space layer) runs its sequence through a kernel function the
+modeling module calls: one kernel for a prompt, another for a one-token step over a cached state (a decode
+step of ``generate``), picked by the forward's own test. Its values are the arguments and results of that
+call. What differs between mixers is which arguments mean what (a signature table per kernel,
+`nnterp.recurrent.arguments`) and how a state is written inside a call (the hooks a strategy calls,
+`nnterp.recurrent.per_token.protocol.Mixer`); what they share is declared here: which kernel fires
+(`KERNEL`, once per call), the values of the per-call record (`nnterp.recurrent.call.Call`: the arguments,
+the state entering and leaving the call, effective attention), and the state after every token, served by
+the strategy `nnterp.recurrent.per_token.strategy_for` chooses for this mixer of this model. A subclass names
+its kernels, its reference HF class and its signature tables in class constants and declares its values;
+the labels (``CHUNK_KERNEL``, ``STATE_OP``, ...) are found in the installed release's source
+(`nnterp.recurrent.labels`), per HF mixer class; no class is mutated.
 
-A subclass (`LinearAttention`, `KimiDeltaAttention`, `SelectiveScan`,
-`StateSpace`) names its kernels and its reference HF class in class constants,
-its signature tables, and declares its values. The labels
-(``CHUNK_KERNEL``, ``STATE_OP``, ...) are found in the installed release's
-source (`nnterp.recurrent.labels`), per HF mixer class; no class is mutated.
+Conventions, stated once: ``seq`` is the tokens of *this call* (the prompt, or the one token of a decode
+step), and every per-token position ``t`` counts from the call's own first token. A state is float32
+whatever the model's dtype.
 
-Conventions, stated once: ``seq`` is the tokens of *this call* (the prompt, or
-the one token of a decode step), and every per-token position ``t`` counts
-from the call's own first token. A state is float32 whatever the model's dtype.
-
-Failure mode worth knowing: a worker reads in the order the model runs. The
-state after token ``t`` exists only while the kernel runs, so per-token reads
-and writes come after the kernel's arguments and before ``state_output`` /
-``attention_output`` of the same call, and positions in increasing order.
-nnsight silently drops a request for a position already passed; nnterp raises
-`OrderError` naming the read that came first.
+Failure mode worth knowing: a worker reads in the order the model runs. The state after token ``t`` exists
+only while the kernel runs, so per-token reads and writes come after the kernel's arguments and before
+``state_output`` / ``attention_output`` of the same call, and positions in increasing order. nnsight
+silently drops a request for a position already passed; nnterp raises `OrderError` naming the read that
+came first.
 """
 
 from __future__ import annotations
@@ -36,65 +30,54 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from nnsight.intervention.interleaver import Mediator
+from jaxtyping import Float
+from torch import Tensor
 
-from ..core.calls import mediator, per_call, pinned  # noqa: F401  (per_call, pinned: documented here)
-from ..core.dims import Hidden, State, States
+from ..core.calls import mediator, per_call, pinned
+from ..core.dims import BATCH, MIXER_HEADS, SEQ, Hidden, State, States, Values
 from ..core.errors import InvalidArgument, Unavailable
 from ..core.standard import Standard
-from ..core.values import DerivedEProperty, Key, check_tensor, module_output, replace_in, select_from
+from ..core.values import DerivedEProperty, Key, module_output
 from ..fast.effective import EffectiveSpec
 from ..fast.specs import FastSpec
-from ..recurrent import arguments
-from ..recurrent.call import KERNEL_RAN, Call
-from ..recurrent.kernels import drill, modeling_of, needs_torch_kernels, original_body, signature_binding
+from ..recurrent import arguments, per_token
+from ..recurrent.call import Call
+from ..recurrent.gradient_support import gradient_reasons
+from ..recurrent.kernels import drill, modeling_of, needs_torch_kernels, original_body
 from ..recurrent.labels import Label, cache_test, call_label, state_label
 from ..recurrent.per_token.loop import needs_recurrent_routing
 from ..recurrent.routing import route_delta_rule, route_kernels, track  # noqa: F401  (documented here)
 from ..recurrent.settings import REMOTE
-from . import call_state, selected_states
-from . import effective_attention as effective
-from . import per_token_values as per_token
-from .gradient_support import gradient_reasons
 
 __all__ = [
-    "RecurrentMixer", "kernel", "needs_torch_kernels", "needs_recurrent_routing", "route_kernels",
-    "route_delta_rule", "per_call", "pinned",
+    "RecurrentMixer", "kernel", "kernel_argument", "EffectiveAttention", "needs_torch_kernels", "needs_recurrent_routing",
+    "route_kernels", "route_delta_rule", "per_call", "pinned",
 ]
 
+#: ``[batch, mixer_heads, seq, seq]``: rows are the output's tokens t, columns the values' tokens s.
+EffectiveAttention = Float[Tensor, f"{BATCH} {MIXER_HEADS} {SEQ} {SEQ}"]
 
 
 class RecurrentMixer(Standard):
     """A sequence mixer with a recurrent state, read at the kernel call its forward makes.
 
-    A subclass declares:
+    A subclass declares: ``REFERENCE``, the HF mixer class (``"module.Class"``) its class-level labels are read
+    from (an envoy reads those of the module it wraps); ``CHUNK_FUNCTION`` / ``RECURRENT_FUNCTION``, the
+    module-level names of the prompt's and the decode step's kernels, whose calls in the forward are labelled
+    ``CHUNK_KERNEL`` / ``RECURRENT_KERNEL``; ``STATE_VARIABLE``, the variable holding the state inside them, so
+    that ``STATE_OP`` is its binding after each token's update in the token-by-token kernel (``None`` when no
+    kernel materializes it) and ``STEP_STATE_OP`` the new state of a one-step decode kernel
+    (``ONE_STEP_DECODE``, Mamba); ``CHUNK_ARGUMENTS`` / ``RECURRENT_ARGUMENTS``, each kernel's signature table
+    (``"state"``: the state entering the call; ``SEQ_ARGUMENT``: the argument whose axis 1 counts the tokens);
+    ``FAST`` / ``EFFECTIVE``, its fast path and effective attention (`nnterp.fast`), or ``None``;
+    ``CHUNKED_SCAN``, whether the prompt kernel is Mamba-2's chunk scan.
 
-    * ``REFERENCE``: the HF mixer class (``"module.Class"``) its class-level
-      labels are read from; an envoy reads those of the module it wraps.
-    * ``CHUNK_FUNCTION`` / ``RECURRENT_FUNCTION``: the module-level names of
-      the prompt's and the decode step's kernels; ``CHUNK_KERNEL`` /
-      ``RECURRENT_KERNEL`` are their calls' labels in the forward.
-    * ``STATE_VARIABLE``: the variable holding the state inside the kernels;
-      ``STATE_OP`` is then the binding of the state after each token's update
-      inside the token-by-token kernel (``None`` when the kernels never
-      materialize it), and ``STEP_STATE_OP``, when the decode kernel is a
-      one-step update (``ONE_STEP_DECODE``, Mamba), the new state in it.
-    * ``CHUNK_ARGUMENTS`` / ``RECURRENT_ARGUMENTS``: each kernel's signature
-      table (`nnterp.recurrent.arguments`); ``"state"`` is the state entering
-      the call, ``SEQ_ARGUMENT`` the argument whose axis 1 counts the tokens.
-    * ``FAST``: its fast path (`nnterp.fast.FastSpec`), or ``None``;
-      ``EFFECTIVE``: its effective attention (`nnterp.fast.EffectiveSpec`), or ``None``;
-      ``CHUNKED_SCAN``: the prompt kernel is Mamba-2's chunk scan.
-
-    ``KERNEL`` names the call that fires on this call of the mixer, decided
-    once per call by the forward's own test, so the same values work in a
-    trace and at every step of ``tracer.iter``. The state after every token
-    (`state`, `states`, `state_after`, `states_of`, `set_state_after`) is served by the
-    strategy `nnterp.recurrent.per_token.strategy_for` picks: the token loop
-    once ``nnterp.route_kernels(model.family, "torch")`` routes the family's
-    prompts through it (like eager attention, the user's choice), Mamba-2's
-    chunk boundaries with ``chunk_per_token(model)``, or the kernel call's own
-    arguments with ``fast_states(model)``.
+    ``KERNEL`` names the call that fires on this call of the mixer, decided once per call by the forward's own
+    test, so the same values work in a trace and at every step of ``tracer.iter``. The state after every token
+    (`state`, `states`, `state_after`, `states_of`, `set_state_after`) is served by the strategy
+    `nnterp.recurrent.per_token.strategy_for` picks: the token loop once ``nnterp.route_kernels(model.family,
+    "torch")`` routes the family's prompts through it (like eager attention, the user's choice), Mamba-2's chunk
+    boundaries with ``chunk_per_token(model)``, or the kernel call's own arguments with ``fast_states(model)``.
     """
 
     KIND = "linear_attn"
@@ -108,6 +91,8 @@ class RecurrentMixer(Standard):
     FAST: FastSpec | None = None
     #: Its effective attention (`nnterp.fast.effective`), from the kernel call's arguments, or ``None``.
     EFFECTIVE: EffectiveSpec | None = None
+    #: Values of this component no gradient reaches, beyond the shared ones (`gradient_support.NEVER`): name -> why.
+    GRADIENTLESS: dict[str, str] = {}
     CHUNK_ARGUMENTS: arguments.Signature = {}
     RECURRENT_ARGUMENTS: arguments.Signature = {}
     SEQ_ARGUMENT: str = "q"
@@ -168,6 +153,10 @@ class RecurrentMixer(Standard):
         """`loop_body` of this mixer's modeling module."""
         return type(self).loop_body(modeling_of(self._module))
 
+    def hf_module(self) -> Any:
+        """The transformers module this envoy wraps."""
+        return self._module
+
     # -- which call, which kernel ----------------------------------------------------
 
     def continues_cache(self, cache: Any) -> bool:
@@ -182,27 +171,7 @@ class RecurrentMixer(Standard):
 
     def _call(self) -> dict:
         """This call's inputs, read once per call at the mixer's input: the first request of every value."""
-
-        def read() -> dict:
-            # Instrument the forward before it runs, whatever value is read first (a convolution window reads
-            # no kernel op): otherwise a first trace runs it uninstrumented and a later kernel read is lost.
-            self.source
-            Call.check_entry(self)
-            args, kwargs = self.inputs
-            bound = signature_binding(type(self._module).forward, self._module, args, kwargs)
-            hidden = bound.get("hidden_states", args[0] if args else None)
-            # The cache under this release's keyword: ``cache`` (5.24), ``cache_params`` or ``past_key_values`` before.
-            cache = next((bound[name] for name in ("cache", "cache_params", "past_key_values") if bound.get(name) is not None), None)
-            med = mediator()
-            # How often each kernel has started before this call: a later request
-            # for its arguments past that count would land in the next call.
-            started = {label: med.occurrence(f"{self.path}.source.{label}.input") for label in (self.CHUNK_KERNEL, self.RECURRENT_KERNEL)}
-            return {
-                "seq": hidden.shape[1], "cache": cache, "continues": self.continues_cache(cache), "kernels": started,
-                "arguments": bound,  # the forward's own arguments (RWKV's state list, which it carries instead of a cache)
-            }
-
-        return per_call(self, "inputs", read)
+        return per_call(self, "inputs", lambda: Call.entry(self, (self.CHUNK_KERNEL, self.RECURRENT_KERNEL)))
 
     @staticmethod
     def KERNEL(envoy: RecurrentMixer) -> str:
@@ -232,58 +201,17 @@ class RecurrentMixer(Standard):
 
         return Key(at_kernel, f"kernel.{attribute}")
 
-    def _record(self) -> Call:
+    def record(self) -> Call:
         """This call's `Call`: its kernel call's arguments, read once per call when the kernel starts."""
 
         def make() -> Call:
             kernel = self.KERNEL(self)
-            op = getattr(self.source, kernel)
-            call = Call(self, kernel, op, kernel == self.RECURRENT_KERNEL, self._call()["kernels"][kernel])
-            call.check_not_started("a kernel argument", KERNEL_RAN)
-            call.args, call.kwargs = op.inputs
-            if self.SHARED_ARGUMENTS and arguments.own_nodes(call, self._table(call)):
-                Mediator.swap(f"{op.path}.input", call.arguments)
-            call.output_at = mediator().occurrence(f"{op.path}.output")
-            tokens = self._serve(self.SEQ_ARGUMENT, call)  # positional or keyword (the mLSTM's backend takes keywords only)
-            call.seq = tokens.shape[1]
-            call.expected = (self._state_shape(call), torch.float32, tokens.device)
-            return call
+            started = self._call()["kernels"][kernel]
+            return Call.at_start(self, kernel, getattr(self.source, kernel), kernel == self.RECURRENT_KERNEL, started, self.SEQ_ARGUMENT)
 
         return per_call(self, "call", make)
 
-    def _decodes(self) -> bool:
-        """Whether this call runs the one-token decode kernel (decided once per call)."""
-        return self.KERNEL(self) == self.RECURRENT_KERNEL
-
-    def _table(self, call: Call | None = None) -> dict:
-        decodes = call.decodes if call is not None else self._decodes()
-        return type(self).RECURRENT_ARGUMENTS if decodes else type(self).CHUNK_ARGUMENTS
-
-    # -- the kernel's arguments by name -------------------------------------------------
-
-    def _serve(self, name: str, call: Call | None = None) -> Any:
-        """Argument ``name`` of this call's kernel, tokens first; ``None`` where the kernel has no such argument."""
-        call = call if call is not None else self._record()
-        return arguments.serve(self._table(call), name, call.arguments)
-
-    def _assign_argument(self, name: str, view: Any) -> None:
-        """Replace argument ``name`` of this call's kernel by ``view`` (laid back in the kernel's layout), before it runs."""
-        call = self._record()
-        what = f"`linear_attn.{name}`"
-        slot = self._table(call).get(name)
-        if slot is None:
-            raise Unavailable(f"a write to {what}", f"it is not an argument of this call's kernel ({call.kernel})")
-        call.check_not_started(f"a write to {what}")
-        where, layout = slot
-        current = select_from(call.arguments, where)
-        if isinstance(current, torch.Tensor):
-            check_tensor(what, view, layout.read(current))
-            element = layout.write(view, current)
-        else:
-            element = view
-        call.args, call.kwargs = replace_in(call.arguments, where, element)
-        # Later values of this call (betas from dt, ...) read the record, which now holds the write.
-        Mediator.swap(f"{call.op.path}.input", call.arguments)
+    # -- the kernel's arguments by name (the record serves and assigns them: `Call.serve`, `Call.assign`) --
 
     def argument(self, name: str) -> Any:
         """Any argument of this call's kernel by its signature-table name, tokens first; ``None`` where it takes none."""
@@ -294,113 +222,165 @@ class RecurrentMixer(Standard):
         if reason is not None:
             raise Unavailable(f"linear_attn.argument({name!r})", reason)
         mediator(f"`linear_attn.argument({name!r})`")
-        return self._serve(name)
+        return self.record().serve(name)
 
-    def _state_shape(self, call: Call) -> tuple:
+    def state_shape(self, call: Call) -> tuple:
         """One state's shape in this call, ``(batch, ...)``: the decode buffer's, or the component's formula."""
-        if call.decodes and type(self).ONE_STEP_DECODE:
-            return tuple(self._serve("state", call).shape)
+        if call.one_step:
+            return tuple(call.serve("state").shape)
         return self._prompt_state_shape(call)
 
     def _prompt_state_shape(self, call: Call) -> tuple:
         raise NotImplementedError
 
-    # -- the state entering and leaving the call ---------------------------------------
+    # -- the state entering and leaving the call (the record's: `Call.state_input`, `Call.state_output`) --
 
-    _state_buffer = call_state.state_buffer
-    _state_input = call_state.read_state_input
-    _assign_state_input = call_state.assign_state_input
-    _read_state_output = call_state.read_state_output
-    _write_state_output = call_state.write_state_output
+    def _state_input(self) -> torch.Tensor | None:
+        return self.record().state_input()
+
+    def _assign_state_input(self, value: Any) -> None:
+        self.record().assign_state_input(value)
+
+    def read_state_output(self) -> torch.Tensor:
+        """The state after this call's last token."""
+        return self.record().state_output()
+
+    def write_state_output(self, value: Any) -> None:
+        """Make ``value`` the state after this call's last token."""
+        self.record().write_state_output(value)
 
     state_input = DerivedEProperty(
-        _state_input,
-        assign=_assign_state_input,
-        key=kernel.__func__("inputs"),
+        _state_input, assign=_assign_state_input, key=kernel.__func__("inputs"),
         description="the state entering this call (None on a fresh prompt), a copy; assign to continue from another",
-        unavailable=needs_torch_kernels,
-        annotation=State,
-        none_on_fresh_prompt=True,
+        unavailable=needs_torch_kernels, annotation=State, none_on_fresh_prompt=True,
     )
     state_output = DerivedEProperty(
-        _read_state_output,
-        assign=_write_state_output,
-        key=kernel.__func__("output"),
-        description="the state after this call's last token",
-        unavailable=needs_torch_kernels,
-        annotation=State,
+        read_state_output, assign=write_state_output, key=kernel.__func__("output"),
+        description="the state after this call's last token", unavailable=needs_torch_kernels, annotation=State,
     )
 
-    # -- effective attention: the kernel output's coefficients on the values (effective_attention.py) ------
+    # -- effective attention: o_t = Σ_s A[t, s] v_s (+ the entering state's readout), per head or channel --
 
-    EFFECTIVE: EffectiveSpec | None = None
-    effective_attention = effective.EFFECTIVE_ATTENTION
-    state_input_readout = effective.STATE_INPUT_READOUT
-    effective_attention_of = effective.effective_attention_of
-    _effective = effective.effective_values
+    def _effective(self, positions: Any, selection: Any, coefficients: bool) -> tuple:
+        """``(A, readout)`` of this call (`Call.effective`); a component adjusts the readout here."""
+        return self.record().effective(positions, selection, coefficients)
 
-    # -- which values carry a gradient (gradient_support.py) ------------------------------
+    effective_attention = DerivedEProperty(
+        lambda envoy: envoy._effective(None, None, True)[0],
+        description=(
+            "the exact effective attention A[t, s]: the kernel's output at t is sum_s A[t, s] * attention_values[s] "
+            "(+ state_input_readout), [batch, mixer_heads, seq, seq], float32; 4*batch*mixer_heads*seq^2 bytes "
+            "(effective_attention_of(positions=...) keeps it bounded)"
+        ),
+        unavailable=per_token.effective_reason, annotation=EffectiveAttention,
+    )
+    state_input_readout = DerivedEProperty(
+        lambda envoy: envoy._effective(None, None, False)[1],
+        description=(
+            "the part of the kernel's output read from the state entering the call (the rest of it is "
+            "sum_s effective_attention[t, s] * attention_values[s]), [batch, seq, mixer_heads, value_dim]; None on a fresh prompt"
+        ),
+        unavailable=per_token.effective_reason, annotation=Values, none_on_fresh_prompt=True,
+    )
 
-    #: Values of this component no gradient reaches, beyond the shared ones (`gradient_support.NEVER`): name -> why.
-    GRADIENTLESS: dict[str, str] = {}
+    def effective_attention_of(self, positions: Any = None, heads: Any = None, channels: Any = None) -> torch.Tensor:
+        """Rows ``positions`` of `effective_attention`, for some heads (Mamba-1, RG-LRU, RWKV: ``channels``) only,
+        ``[batch, len(heads or channels), len(positions), seq]``, float32 (``4 · batch · heads · positions · seq``
+        bytes). Each of them: ``None`` (all), an int, a slice, a range, a list or a tensor of indices (negative
+        count from the end), in the order given, checked as `nnterp.core.indices` checks; the other axis raises."""
+        what = "linear_attn.effective_attention_of"
+        reason = per_token.effective_reason(self)
+        if reason is not None:
+            raise Unavailable(what, reason)
+        mediator(f"`{what}`")
+        return self._effective(*self.record().effective_selection(positions, heads, channels, what), True)[0]
+
+    # -- which values carry a gradient (`nnterp.recurrent.gradient_support`) ------------------
 
     def gradients(self) -> dict[str, str | None]:
         """Per value, ``None`` where its ``.grad`` is served now, else why not (``support()``'s ``.grad`` rows)."""
-        return gradient_reasons(self)
+        shared = type(self).values()["state_input"].compute is RecurrentMixer._state_input and not type(self).ONE_STEP_DECODE
+        return gradient_reasons(self, shared)
 
-    # -- the state after every token: one declaration, served by the chosen strategy -------
+    # -- the state after every token: one declaration, served by the chosen strategy (`nnterp.recurrent.per_token`) --
 
-    _token_state_op = per_token.token_state_op
-    _token_op = per_token.token_op
-    _iterated_state = per_token.iterated_state
-    _assign_iterated_state = per_token.assign_iterated_state
-    _states = per_token.every_state
+    def _token_op(self) -> Any:
+        """``(op, first, seq)`` of this call: the binding of its per-token states, its first occurrence, its length."""
+        return per_token.token_op(self)
 
     state = DerivedEProperty(
-        per_token.iterated_state,
-        assign=per_token.assign_iterated_state,
-        key=Key(per_token.token_state_op, "_token_state_op"),
+        per_token.iterated_state, assign=per_token.assign_iterated_state, key=Key(per_token.token_state_op, "_token_state_op"),
         description="the state after a token of the prompt, one occurrence per token (tracer.iter; under generate, the state each step leaves), [batch, ...state]; needs route_kernels(family, 'torch')",
-        unavailable=per_token.iteration_reason,
-        annotation=State,
+        unavailable=per_token.iteration_reason, annotation=State,
     )
     states = DerivedEProperty(
-        per_token.every_state,
-        key=Key(per_token.every_state, "_states"),
+        per_token.every_state, key=Key(per_token.every_state, "_states"),
         description="The recurrent state after every token of this call; needs route_kernels(family, 'torch')",
-        unavailable=per_token.per_token_reason,
-        annotation=States,
+        unavailable=per_token.per_token_reason, annotation=States,
     )
-    state_after = per_token.state_after
-    states_of = selected_states.states_of
-    set_state_after = per_token.set_state_after
 
-    # -- a component's own update rule, for a write inside a call (the token loop) ---------
+    def state_after(self, t: int) -> torch.Tensor:
+        """The state after token ``t`` of this call (negative ``t`` counts from the end): as ``for _ in
+        tracer.iter[t]: mix.state`` on a prompt, and one that counts from the call's own first token on a decode step."""
+        return per_token.strategy_for(self).state_after(self, t)
 
-    def _loop_source(self, op: Any) -> Any:
+    def states_of(self, positions: Any) -> torch.Tensor:
+        """The states after tokens ``positions`` of this call only, ``[batch, len(positions), ...state]``, float32.
+
+        ``positions``: a sequence of ints (a list, a tuple, a range, a 1-d tensor), negative ones counting from
+        the call's end, in the order given (repeats allowed). Equal to ``states[:, positions]``; with
+        ``fast_states(model)`` only the tokens up to the last selected one are computed, and memory is the
+        selection plus one block of tokens. Order: as `state_after` at each of them. Gradients: the result is a
+        new tensor the model does not read, so its ``.grad`` never comes; read ``states.grad`` or
+        ``state_after(t).grad`` (on the fast path, under autograd, it is a function of the kernel's arguments).
+        """
+        if type(self).state_after is not RecurrentMixer.state_after:
+            # A component serving the per-token states its own way (a window, a method's loop): through its own state_after.
+            return per_token.OWN_STATE_AFTER.states_of(self, positions)
+        return per_token.strategy_for(self).states_of(self, positions)
+
+    def set_state_after(self, t: int, value: torch.Tensor) -> None:
+        """Assign the state after token ``t``: the tokens after it continue from ``value``.
+
+        Token ``t`` itself is left as it was (its output read the state it computed), as when a cache holding
+        the prefix's state is replaced before the rest is fed; ``state_after(t)`` then reads ``value``. On the
+        call's last token the kernel returns ``value`` as its final state, which the next decode step starts
+        from. Assigning `state` under ``tracer.iter[t]`` is this write, on every mixer. Reads follow the forward:
+        in the same trace, read positions before ``t`` before the write and positions after it afterwards;
+        `states` (every position) only before it.
+        """
+        per_token.strategy_for(self).set_state_after(self, t, value)
+
+    # -- the hooks a strategy calls (`nnterp.recurrent.per_token.protocol.Mixer`), defaults a kind overrides --
+
+    def loop_source(self, op: Any) -> Any:
         """The source of the token loop inside kernel call ``op`` (RWKV's kernel calls its loop: one level further)."""
         return drill(op)
 
-    def _token_state(self, call: Call, occurrence: int | None) -> torch.Tensor:
+    def token_state(self, call: Call, occurrence: int | None) -> torch.Tensor:
         """The state bound at ``occurrence`` of the state op (``None``: the next one), as `states` serves it."""
         with pinned(occurrence):
             return call.strategy["op"].output
 
-    def _token_ops(self, call: Call, position: int) -> list:
-        """The ops `_token_state` reads the state after ``position`` from: the order check asks that none has passed it."""
+    def token_ops(self, call: Call, position: int) -> list:
+        """The ops `token_state` reads the state after ``position`` from: the order check asks that none has passed it."""
         return [call.strategy["op"]]
 
     def kernel_reason(self) -> str | None:
         """Why this mixer's kernel has no Python loop to read, beyond the bindings `needs_torch_kernels` checks."""
         return None
 
-    def _continue_op(self, call: Call) -> Any:
-        """The per-token op whose occurrence ``t + 1`` `_continue_from` writes at (the state op by default)."""
+    def continue_op(self, call: Call) -> Any:
+        """The per-token op whose occurrence ``t + 1`` `continue_from` writes at (the state op by default)."""
         return call.strategy["op"]
 
-    def _continue_from(self, call: Call, position: int, value: torch.Tensor) -> None:
+    def continue_from(self, call: Call, position: int, value: torch.Tensor) -> None:
         """Make token ``position + 1`` of this call start from ``value`` (the mixer's own update rule)."""
         raise NotImplementedError(f"{type(self).__name__} does not write the state inside a call")
+
+    def log_decays(self) -> torch.Tensor:
+        """The call's log decays, tokens first (≤ 0), where a write is carried through them (Mamba-2)."""
+        raise NotImplementedError(f"{type(self).__name__} carries no write through its decays")
 
 
 #: ``kernel(attribute)``, the key function values are declared on (`RecurrentMixer.kernel`).
@@ -410,15 +390,10 @@ kernel = RecurrentMixer.kernel
 def kernel_argument(name: str, description: str, annotation: Any) -> DerivedEProperty:
     """A declared value: argument ``name`` of whichever kernel fires, tokens first, laid back on write.
 
-    Served from the call's record (read once, when the kernel starts), so it
-    can be read at any point of the call; a write replaces the argument and
-    must come before the kernel starts.
+    Served from the call's record (read once, when the kernel starts), so it can be read at any point of the
+    call; a write replaces the argument and must come before the kernel starts.
     """
     return DerivedEProperty(
-        lambda envoy: envoy._serve(name),
-        assign=lambda envoy, view: envoy._assign_argument(name, view),
-        key=kernel("inputs"),
-        description=description,
-        unavailable=needs_torch_kernels,
-        annotation=annotation,
+        lambda envoy: envoy.record().serve(name), assign=lambda envoy, view: envoy.record().assign(name, view),
+        key=kernel("inputs"), description=description, unavailable=needs_torch_kernels, annotation=annotation,
     )

@@ -69,7 +69,6 @@ from ..recurrent.call import KERNEL_RAN, Call, order_hint
 from ..recurrent.kernels import needs_torch_kernels, signature_binding
 from ..recurrent.labels import Label, bindings, call_label, state_label
 from ..recurrent.per_token import strategy_for
-from . import call_state
 from .recurrent import RecurrentMixer, kernel_argument
 
 _NO_CACHE = (
@@ -216,7 +215,7 @@ class RGLRU(RecurrentMixer):
     def _decodes(self) -> bool:
         return self._call()["seq"] == 1
 
-    def _record(self) -> Call:
+    def record(self) -> Call:
         def make() -> Call:
             info = self._call()
             op = getattr(self._lru().source, self.SCAN_KERNEL)
@@ -224,7 +223,7 @@ class RGLRU(RecurrentMixer):
             call.check_not_started("a kernel argument", KERNEL_RAN)
             call.args, call.kwargs = op.inputs
             call.output_at = mediator().occurrence(f"{op.path}.output")
-            x = self._serve("x", call)
+            x = call.serve("x")
             call.seq = x.shape[1]
             call.expected = ((x.shape[0], x.shape[2]), torch.float32, x.device)
             return call
@@ -232,20 +231,20 @@ class RGLRU(RecurrentMixer):
         return per_call(self, "call", make)
 
     def _prompt_state_shape(self, call: Call) -> tuple:
-        x = self._serve("x", call)
+        x = call.serve("x")
         return (x.shape[0], x.shape[2])
 
     # -- the state entering and leaving the call -----------------------------------------
 
     def _entering(self) -> torch.Tensor | None:
-        call = self._record()
-        state = self._serve("state", call)
+        call = self.record()
+        state = call.serve("state")
         if not self._call()["continues"] or state is None:
             return None
         return state.clone()
 
     def _assign_entering(self, value: Any) -> None:
-        call = self._record()
+        call = self.record()
         what = "`linear_attn.state_input`"
         call.check_not_started(f"a write to {what}")
         if not self._call()["continues"]:
@@ -254,7 +253,7 @@ class RGLRU(RecurrentMixer):
                 "multiplied by 0): assign it on a decode step, or use set_state_after(t, value) inside the prompt"
             )
         check_expected(what, value, *call.expected)
-        self._assign_argument("state", value)
+        self.record().assign("state", value)
 
     state_input = DerivedEProperty(
         _entering,
@@ -265,13 +264,13 @@ class RGLRU(RecurrentMixer):
         annotation=LruState,
         none_on_fresh_prompt=True,
     )
-    def _read_state_output(self) -> torch.Tensor:
+    def read_state_output(self) -> torch.Tensor:
         self._require_cache()
-        return call_state.read_state_output(self)
+        return RecurrentMixer.read_state_output(self)
 
-    def _write_state_output(self, value: Any) -> None:
+    def write_state_output(self, value: Any) -> None:
         self._require_cache()
-        call_state.write_state_output(self, value)
+        RecurrentMixer.write_state_output(self, value)
 
     def _require_cache(self) -> None:
         # The scan returns a final state either way; without a cache nothing continues from it (the next forward
@@ -280,8 +279,8 @@ class RGLRU(RecurrentMixer):
             raise Unavailable("linear_attn.state_output", _NO_CACHE)
 
     state_output = DerivedEProperty(
-        _read_state_output,
-        assign=_write_state_output,
+        read_state_output,
+        assign=write_state_output,
         description="the state after this call's last token, what the next decode step starts from, [batch, lru_width]",
         unavailable=needs_torch_kernels,
         annotation=LruState,
@@ -291,21 +290,21 @@ class RGLRU(RecurrentMixer):
 
     def _lru_states(self) -> torch.Tensor:
         if self._decodes():
-            return self._read_state_output()[:, None]
+            return self.read_state_output()[:, None]
         return strategy_for(self).states(self)
 
     def state_after(self, t: int) -> torch.Tensor:
         if self._decodes():
-            self._record().position(t, f"state_after({t})")
-            return self._read_state_output()
+            self.record().position(t, f"state_after({t})")
+            return self.read_state_output()
         return RecurrentMixer.state_after(self, t)
 
     def set_state_after(self, t: int, value: torch.Tensor) -> None:
         if self._decodes():
-            call = self._record()
+            call = self.record()
             call.position(t, f"set_state_after({t}, value)")
             check_expected(f"set_state_after({t}, value)", value, *call.expected)
-            return self._write_state_output(value)
+            return self.write_state_output(value)
         return RecurrentMixer.set_state_after(self, t, value)
 
     states = DerivedEProperty(
@@ -318,13 +317,13 @@ class RGLRU(RecurrentMixer):
         "the state after a token of the prompt, one occurrence per token (tracer.iter; under generate, the state each step leaves), [batch, lru_width]", LruState
     )
 
-    def _continue_from(self, call: Call, position: int, value: torch.Tensor) -> None:
+    def continue_from(self, call: Call, position: int, value: torch.Tensor) -> None:
         # Token t+1's update with the scan's own operations (the gate masked by the reset, in float32),
         # written as the state after t+1: token t's readout keeps the state it computed.
         after = position + 1
-        gate = self._serve("a", call)[:, after] * ~self._serve("reset", call)[:, after]
+        gate = call.serve("a")[:, after] * ~call.serve("reset")[:, after]
         with pinned(call.strategy["first"] + after):
-            call.strategy["op"].output = gate.type(torch.float32) * value + self._serve("x", call)[:, after].type(torch.float32)
+            call.strategy["op"].output = gate.type(torch.float32) * value + call.serve("x")[:, after].type(torch.float32)
 
     # -- the recurrence's inputs ---------------------------------------------------------
 

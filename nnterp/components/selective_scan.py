@@ -147,20 +147,20 @@ class SelectiveScan(RecurrentMixer):
             labels["DECAY_OP"] = None
         return labels
 
-    def _decays(self) -> torch.Tensor:
+    def log_decays(self) -> torch.Tensor:
         # The kernel's exp(A[None, :, None, :] * Δ[..., None]), tokens first.
-        return served_step(self)[..., None] * self._serve("A").float()
+        return served_step(self)[..., None] * self.record().serve("A").float()
 
     def _decays_value(self) -> torch.Tensor:
         """The log decays; under autograd, the very tensor the prompt kernel exponentiates (so .grad reaches it)."""
-        call = self._record()
-        if recording(self._serve("dt")) and not call.decodes and self.DECAY_OP is not None and kernel_waiting(self):
+        call = self.record()
+        if recording(self.record().serve("dt")) and not call.decodes and self.DECAY_OP is not None and kernel_waiting(self):
             if needs_recurrent_routing(self) is None:
                 node = getattr(drill(call.op), self.DECAY_OP)
                 with pinned(mediator().occurrence(f"{node.path}.input")):
                     args, _ = node.inputs
                 return on_the_path(args[0].transpose(1, 2))  # [batch, channels, seq, state] -> tokens first
-        return self._decays()
+        return self.log_decays()
 
     betas = DerivedEProperty(
         served_betas,
@@ -209,16 +209,16 @@ class SelectiveScan(RecurrentMixer):
         }
 
     def _prompt_state_shape(self, call: Call) -> tuple:
-        x, A = self._serve("x", call), self._serve("A", call)
+        x, A = call.serve("x"), call.serve("A")
         return (x.shape[0], x.shape[2], A.shape[1])
 
-    def _continue_from(self, call: Call, position: int, value: torch.Tensor) -> None:
+    def continue_from(self, call: Call, position: int, value: torch.Tensor) -> None:
         # Token t+1's update, exp(Δ A) ⊙ h + (Δ x) ⊗ B, computed from value with the
         # kernel's own operations, is written as the state after t+1: token t's
         # readout keeps the state it computed, and the loop goes on from there.
         after = position + 1
         step = served_step(self)[:, after]  # [batch, channels]
-        decay = torch.exp(self._serve("A")[None] * step[..., None])
-        write = step[..., None] * self._serve("B")[:, after, None, :].float() * self._serve("x")[:, after, :, None].float()
+        decay = torch.exp(self.record().serve("A")[None] * step[..., None])
+        write = step[..., None] * self.record().serve("B")[:, after, None, :].float() * self.record().serve("x")[:, after, :, None].float()
         with pinned(call.strategy["first"] + after):
             call.strategy["op"].output = decay * value + write

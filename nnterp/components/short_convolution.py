@@ -209,9 +209,9 @@ class ShortConvolution(RecurrentMixer):
 
     # -- the kernel call and the windows it sees ---------------------------------------
 
-    def _record(self) -> Call:
+    def record(self) -> Call:
         self._gates()  # the split comes before the kernel: read it first, so later values can use it
-        call = RecurrentMixer._record(self)
+        call = RecurrentMixer.record(self)
         if "extended" not in call.strategy:
             # Once per call, while the worker waits at the kernel's start (the decode kernel updates the window in place).
             seq, width = self._call()["seq"], self._module.conv_kernel_size
@@ -233,7 +233,7 @@ class ShortConvolution(RecurrentMixer):
         The window after token ``t`` is ``extended[..., t+1 : t+1+L]``. With
         ``position``, the version a write at or before it made.
         """
-        versions = self._record().strategy["versions"]
+        versions = self.record().strategy["versions"]
         if position is None:
             return versions[0][1]
         return [extended for t, extended in versions if t <= position][-1]
@@ -281,12 +281,12 @@ class ShortConvolution(RecurrentMixer):
         check_expected("`linear_attn.state_input`", value, tuple(window.shape), window.dtype, window.device)
         window.copy_(value)
 
-    def _read_state_output(self) -> torch.Tensor:
+    def read_state_output(self) -> torch.Tensor:
         self._call()
         Mediator.value(f"{self.path}.output")
         return self._window(True).clone()
 
-    def _write_state_output(self, value: torch.Tensor) -> None:
+    def write_state_output(self, value: torch.Tensor) -> None:
         self._call()
         Mediator.value(f"{self.path}.output")
         window = self._window(True)
@@ -301,8 +301,8 @@ class ShortConvolution(RecurrentMixer):
         none_on_fresh_prompt=True,
     )
     state_output = DerivedEProperty(
-        _read_state_output,
-        assign=_write_state_output,
+        read_state_output,
+        assign=write_state_output,
         description="the convolution window after this call's last token, [batch, conv_channels, conv_width]",
         annotation=ConvState,
     )
@@ -342,7 +342,7 @@ class ShortConvolution(RecurrentMixer):
 
     def _effective(self, positions: Any, selection: Any, coefficients: bool) -> tuple:
         B = self._gate(0)
-        call = self._record()
+        call = self.record()
         entering = self._extended()[..., : self._module.conv_kernel_size]
         served = {
             "B": B, "weight": self._module.conv.weight.squeeze(1), "bias": self._module.conv.bias,

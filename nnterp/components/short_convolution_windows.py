@@ -25,7 +25,7 @@ from ..recurrent.kernels import needs_torch_kernels
 
 def states(self) -> torch.Tensor:
     """The window after every token of this call, ``[batch, seq, conv_channels, conv_width]``: slices of the extended input."""
-    call = self._record()
+    call = self.record()
     if call.writes:
         raise OrderError("`linear_attn.states` after set_state_after in the same call: read states before the write")
     width = self._module.conv_kernel_size
@@ -40,7 +40,7 @@ def state_after(self, t: int) -> torch.Tensor:
     """The window after token ``t`` of this call, ``[batch, conv_channels, conv_width]`` (negative ``t`` from the end)."""
     what = f"state_after({t})"
     check_served(self, what)
-    call = self._record()
+    call = self.record()
     position = call.position(t, what)
     width = self._module.conv_kernel_size
     window = self._extended(position)[..., position + 1: position + 1 + width]
@@ -59,7 +59,7 @@ def set_state_after(self, t: int, value: torch.Tensor) -> None:
     """
     what = f"set_state_after({t}, value)"
     check_served(self, what)
-    call = self._record()
+    call = self.record()
     position = call.position(t, what)
     width = self._module.conv_kernel_size
     extended = self._extended(position).clone()

@@ -146,18 +146,18 @@ class StateSpace(RecurrentMixer):
     dt = kernel_argument("dt", "the time step before its bias and softplus, [batch, seq, mixer_heads]", Gates)
 
     def _A(self) -> torch.Tensor:
-        return self._serve("A").float()
+        return self.record().serve("A").float()
 
-    def _decays(self) -> torch.Tensor:
+    def log_decays(self) -> torch.Tensor:
         return served_step(self) * self._A()
 
     def _decays_value(self) -> torch.Tensor:
         # Under autograd the kernel's dt is read through the served log decay, so its .grad reaches it.
-        decays = self._decays()
+        decays = self.log_decays()
         return reached_through(self, decays, decays / self._A())
 
     def _assign_decays(self, value: torch.Tensor) -> None:
-        served = self._decays()
+        served = self.log_decays()
         check_tensor("`linear_attn.decays`", value, served)
         self.betas = keep_unchanged(value, served, value / self._A(), served_step(self))
 
@@ -211,5 +211,5 @@ class StateSpace(RecurrentMixer):
         }
 
     def _prompt_state_shape(self, call: Call) -> tuple:
-        x, B = self._serve("x", call), self._serve("B", call)
+        x, B = call.serve("x"), call.serve("B")
         return (x.shape[0], x.shape[2], x.shape[3], B.shape[-1])

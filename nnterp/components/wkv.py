@@ -173,14 +173,14 @@ class WKV(RecurrentMixer):
             )
         return None
 
-    def _loop_source(self, op):
+    def loop_source(self, op):
         source = drill(op)
         # Unrouted, the kernel dispatches to its loop; routed to the loop, the op is the loop itself.
         return getattr(source, self.LOOP_CALL).source if self.LOOP_CALL in source.names else source
 
     # -- the state: three bindings per token, served as one [batch, 3, channels] ---------
 
-    def _token_state(self, call: Call, occurrence: int | None) -> torch.Tensor:
+    def token_state(self, call: Call, occurrence: int | None) -> torch.Tensor:
         written = call.strategy.get("continued", {})
         if occurrence is not None and occurrence - call.strategy["first"] in written:
             return written[occurrence - call.strategy["first"]]
@@ -191,23 +191,23 @@ class WKV(RecurrentMixer):
                 parts.append(getattr(source, label).output)
         return torch.stack(parts, 1)
 
-    def _token_ops(self, call: Call, position: int) -> list:
+    def token_ops(self, call: Call, position: int) -> list:
         if position in call.strategy.get("continued", {}):
             return []  # a write's continuation computed it: served from there, whatever the run has passed
         return [getattr(call.strategy["source"], label) for label in (self.NUM_OP, self.DEN_OP, self.STATE_OP)]
 
-    def _continue_op(self, call: Call):
+    def continue_op(self, call: Call):
         return getattr(call.strategy["source"], self.NUMERATOR_OP)
 
-    def _continue_from(self, call: Call, position: int, value: torch.Tensor) -> None:
+    def continue_from(self, call: Call, position: int, value: torch.Tensor) -> None:
         # Token t+1 read the state after t before its own update: its readout (numerator, denominator)
         # and its update are recomputed from value with the kernel's own operations, and written there.
         after = position + 1
         num, den, top = value.unbind(1)
-        key = self._serve("k", call)[:, after].float()
-        current = self._serve("v", call)[:, after]
-        first = self._serve("time_first", call)
-        decay = -torch.exp(self._serve("time_decay", call))
+        key = call.serve("k")[:, after].float()
+        current = call.serve("v")[:, after]
+        first = call.serve("time_first")
+        decay = -torch.exp(call.serve("time_decay"))
         peak = torch.maximum(top, key + first)
         e1, e2 = torch.exp(top - peak), torch.exp(key + first - peak)
         readout = (e1 * num + e2 * current, e1 * den + e2)
@@ -222,25 +222,25 @@ class WKV(RecurrentMixer):
         call.strategy.setdefault("continued", {})[after] = torch.stack(state, 1)
 
     def _prompt_state_shape(self, call: Call) -> tuple:
-        key = self._serve("k", call)
+        key = call.serve("k")
         return (key.shape[0], 3, key.shape[2])
 
     # -- the state entering and leaving the call --------------------------------------------
 
     def _state_input(self) -> torch.Tensor | None:
-        state = self._serve("state")
+        state = self.record().serve("state")
         if state is None or _fresh(state[1]):
             return None
         return torch.stack([part.float() for part in state], 1)
 
     def _assign_state_input(self, value: torch.Tensor) -> None:
-        call = self._record()
+        call = self.record()
         what = "`linear_attn.state_input`"
         call.check_not_started(f"a write to {what}")
         check_expected(what, value, *call.expected)
-        if self._serve("state", call) is None:
+        if call.serve("state") is None:
             raise Unavailable(f"a write to {what}", _NO_STATE)
-        self._assign_argument("state", tuple(value.unbind(1)))
+        self.record().assign("state", tuple(value.unbind(1)))
 
     def _final(self, call: Call) -> tuple:
         output = call.op.output
@@ -248,11 +248,11 @@ class WKV(RecurrentMixer):
             raise Unavailable("linear_attn.state_output", _NO_STATE)
         return output
 
-    def _read_state_output(self) -> torch.Tensor:
-        return torch.stack(list(self._final(self._record())[1]), 1)
+    def read_state_output(self) -> torch.Tensor:
+        return torch.stack(list(self._final(self.record())[1]), 1)
 
-    def _write_state_output(self, value: torch.Tensor) -> None:
-        call = self._record()
+    def write_state_output(self, value: torch.Tensor) -> None:
+        call = self.record()
         output = self._final(call)
         check_tensor("`linear_attn.state_output`", value, torch.stack(list(output[1]), 1))
         call.op.output = replace_in(output, 1, list(value.unbind(1)))
@@ -268,8 +268,8 @@ class WKV(RecurrentMixer):
         none_on_fresh_prompt=True,
     )
     state_output = DerivedEProperty(
-        _read_state_output,
-        assign=_write_state_output,
+        read_state_output,
+        assign=write_state_output,
         key=RecurrentMixer.kernel("output"),
         description="the WKV state after this call's last token, [batch, wkv_parts, channels]",
         unavailable=needs_torch_kernels,
@@ -329,11 +329,11 @@ class WKV(RecurrentMixer):
     decay_rates = kernel_argument("time_decay", "the decay's rate (the decay per token is exp(-exp(time_decay))), [channels]", PerChannel)
     bonus = kernel_argument("time_first", "u, the current token's bonus (its weight is e^(u + k)), [channels]", PerChannel)
     def _decays(self) -> torch.Tensor:
-        rate = self._serve("time_decay")
+        rate = self.record().serve("time_decay")
         decays = -torch.exp(rate.float())
         if recording(decays) and kernel_waiting(self):
             # Under autograd the kernel reads its time_decay through the served decays (an exact zero added).
-            self._assign_argument("time_decay", graft(decays, torch.log(-decays), rate))
+            self.record().assign("time_decay", graft(decays, torch.log(-decays), rate))
         return decays
 
     decays = DerivedEProperty(

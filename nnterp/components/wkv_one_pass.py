@@ -36,10 +36,11 @@ from ..fast.wkv_states import wkv_one_pass
 from ..recurrent.call import order_hint
 from ..recurrent.gradients import recording
 from ..recurrent.kernels import bound, modeling_of, original_body, runs_pure_torch, torch_function
+from ..recurrent.per_token import every_state as strategy_states
 from ..recurrent.per_token import strategy_for
 from ..recurrent.per_token.from_arguments import covers_the_batch
 from ..recurrent.per_token.loop import TOKEN_LOOP
-from . import per_token_values as per_token
+from .recurrent import RecurrentMixer
 
 #: Whether ``states`` runs the one pass where it applies (``False``: the token loop always, as before).
 ONE_PASS = True
@@ -60,20 +61,20 @@ def _one_pass(mixer: Any) -> torch.Tensor | None:
     if not ONE_PASS or strategy_for(mixer) is not TOKEN_LOOP or TOKEN_LOOP.unavailable(mixer) is not None:
         return None
     mediator("`linear_attn.states`")
-    call = mixer._record()
+    call = mixer.record()
     # One kernel serves prompts and steps (``call.decodes`` always holds): a one-token call (a decode step) stays.
     if call.seq < 2 or call.writes or call.strategy or call.furthest is not None:
         return None  # a step, or something per-token already read or written in this call: the loop serves it
     if call.occurrences(f"{call.op.path}.input") > call.started or not covers_the_batch() or not _pure_torch(mixer):
         return None
-    decay, first, k, v = (mixer._serve(name, call) for name in ("time_decay", "time_first", "k", "v"))
-    state = mixer._serve("state", call)
+    decay, first, k, v = (call.serve(name) for name in ("time_decay", "time_first", "k", "v"))
+    state = call.serve("state")
     inputs = (decay, first, k, v, *(state or ()))
     if any(x.dtype != torch.float32 or recording(x) for x in inputs):
         return None
     out = empty_states((k.shape[0], k.shape[1], 3, k.shape[2]), k.device)
     with torch.no_grad():
-        result = wkv_one_pass(decay, first, k, v, state, out, bool(mixer._serve("return_state", call)))
+        result = wkv_one_pass(decay, first, k, v, state, out, bool(call.serve("return_state")))
     call.op.skip(result)
     call.strategy[SERVED] = out
     call.states_read = True
@@ -86,7 +87,7 @@ def _served(mixer: Any) -> tuple:
     if strategy_for(mixer) is not TOKEN_LOOP or TOKEN_LOOP.unavailable(mixer) is not None:
         return None, None
     mediator("`linear_attn.states`")
-    call = mixer._record()
+    call = mixer.record()
     return call, call.strategy.get(SERVED)
 
 
@@ -96,13 +97,13 @@ def every_state(mixer: Any) -> torch.Tensor:
     if served is not None:
         return served
     done = _one_pass(mixer)
-    return done if done is not None else per_token.every_state(mixer)
+    return done if done is not None else strategy_states(mixer)
 
 
 def state_after(self: Any, t: int) -> torch.Tensor:
     call, served = _served(self)
     if served is None:
-        return per_token.state_after(self, t)
+        return RecurrentMixer.state_after(self, t)
     return served[:, call.position(t, f"state_after({t})")]
 
 
@@ -110,10 +111,10 @@ def set_state_after(self: Any, t: int, value: torch.Tensor) -> None:
     _, served = _served(self)
     if served is not None:
         raise OrderError(order_hint(f"set_state_after({t}, value)", "states"))
-    per_token.set_state_after(self, t, value)
+    RecurrentMixer.set_state_after(self, t, value)
 
 
-state_after.__doc__ = per_token.state_after.__doc__
-set_state_after.__doc__ = per_token.set_state_after.__doc__
+state_after.__doc__ = RecurrentMixer.state_after.__doc__
+set_state_after.__doc__ = RecurrentMixer.set_state_after.__doc__
 
 __all__ = ["every_state", "state_after", "set_state_after", "ONE_PASS"]

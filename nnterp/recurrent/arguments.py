@@ -131,13 +131,13 @@ def keep_unchanged(new: torch.Tensor, served: torch.Tensor, computed: torch.Tens
 
 def served_step(mixer: Any) -> torch.Tensor:
     """Δ of a Mamba mixer's call, tokens first, from its ``dt``, ``dt_bias``, ``dt_softplus`` (and ``dt_limit``)."""
-    return step_size(mixer._serve("dt"), mixer._serve("dt_bias"), bool(mixer._serve("dt_softplus")), mixer._serve("dt_limit"))
+    call = mixer.record()
+    return step_size(call.serve("dt"), call.serve("dt_bias"), bool(call.serve("dt_softplus")), call.serve("dt_limit"))
 
 
 def kernel_waiting(mixer: Any) -> bool:
     """Whether this call's kernel has not started yet, so its arguments can still be rewritten."""
-    call = mixer._record()
-    return call.occurrences(f"{call.op.path}.input") <= call.started
+    return mixer.record().kernel_waiting()
 
 
 def reached_through(mixer: Any, served: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
@@ -149,9 +149,9 @@ def reached_through(mixer: Any, served: torch.Tensor, step: torch.Tensor) -> tor
     the kernel has started, ``served`` is returned as it is.
     """
     if recording(served) and kernel_waiting(mixer):
-        dt = mixer._serve("dt")
-        rebuilt = step_input(step, mixer._serve("dt_bias"), bool(mixer._serve("dt_softplus")))
-        mixer._assign_argument("dt", graft(served, rebuilt, dt))
+        call = mixer.record()
+        rebuilt = step_input(step, call.serve("dt_bias"), bool(call.serve("dt_softplus")))
+        call.assign("dt", graft(served, rebuilt, call.serve("dt")))
     return served
 
 
@@ -165,5 +165,6 @@ def assign_step(mixer: Any, value: Any) -> None:
     """Write Δ back as the ``dt`` the kernel takes (`step_input`), leaving entries written back unchanged bit for bit."""
     served = served_step(mixer)
     check_tensor("`linear_attn.betas`", value, served)
-    step = step_input(value, mixer._serve("dt_bias"), bool(mixer._serve("dt_softplus")))
-    mixer._assign_argument("dt", keep_unchanged(value, served, step, mixer._serve("dt")))
+    call = mixer.record()
+    step = step_input(value, call.serve("dt_bias"), bool(call.serve("dt_softplus")))
+    call.assign("dt", keep_unchanged(value, served, step, call.serve("dt")))

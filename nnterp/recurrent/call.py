@@ -8,10 +8,20 @@ learnt of the call and what it has read and written; its checks raise
 `OrderError` naming the earlier read instead of letting nnsight drop a
 request for a moment already passed (nnsight only warns "never reached").
 
+A mixer builds its record as a call source: `entry` reads the forward's
+inputs at the mixer's input, `at_start` the kernel call's arguments when it
+starts. The record then owns the kernel's named arguments: its signature
+table is resolved once (`table`), and `serve` / `assign` read and write an
+argument by its table name, tokens first (the layouts of
+`nnterp.recurrent.arguments`). It also owns the state entering and leaving
+the call (`state_input`, `state_output` and their writes), the runs between
+writes (`segments`, over `runs_between_writes`, which lightning's own record
+uses too) and token positions (`position`), for every strategy.
+
 Every kind's order checks are the methods below (`Call.check_reachable` the
 one test they share), the MiniMax record and the checks of a call's entry
 included: a kind raises `OrderError`, never nnsight's raw ``OutOfOrderError``
-naming an internal location.
+naming an internal location; no other module raises it for a write's order.
 
 The record lives on the worker (`nnterp.core.calls.per_call`), so two
 invokes never share one and it is freed with its run.
@@ -22,10 +32,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from nnsight.intervention.interleaver import Mediator
 
 from ..core import indices
 from ..core.calls import mediator
-from ..core.errors import OrderError
+from ..core.errors import OrderError, SignatureError, Unavailable
+from ..core.values import check_expected, check_tensor, replace_in, select_from
+from . import arguments
+from .gradients import graft, recording
+from .kernels import signature_binding
 
 
 def order_hint(asked: str, passed: str) -> str:
@@ -38,10 +53,31 @@ def order_hint(asked: str, passed: str) -> str:
     )
 
 
+#: Why a prompt's kernel returned no final state.
+NO_CACHE = (
+    "this call runs without a cache, so its kernel returns no final state: run it with use_cache=True "
+    "(the default of a trace and of generate)"
+)
 #: What had passed when a per-token state is asked for after its call's kernel ran.
 KERNEL_RAN = "this call's kernel had already run (state_output, attention_output or a later value was read first)"
 #: What had passed when a call's first value is asked for after the mixer's call started.
 MIXER_RAN = "the mixer's call had started (attention_output, state_output or a later value was read first)"
+
+
+def runs_between_writes(writes: dict, seq: int, initial: Any, stop: int | None = None) -> list[tuple[int, int, Any]]:
+    """``(lo, hi, start)`` runs of tokens ``[lo, hi)`` of a ``seq``-token call up to ``stop``, cut after every
+    write (``writes``: ``{position: state}``): the first run starts from ``initial`` (the state entering the
+    call), each later one from the state written before it."""
+    stop = seq if stop is None else stop
+    runs, lo = [], 0
+    for t in sorted(writes):
+        if t >= stop:
+            break
+        runs.append((lo, t + 1, initial))
+        lo, initial = t + 1, writes[t]
+    if lo < stop:
+        runs.append((lo, stop, initial))
+    return runs
 
 
 class Call:
@@ -51,6 +87,7 @@ class Call:
         kernel: the label of the kernel call that fires (``CHUNK_KERNEL`` or ``RECURRENT_KERNEL``).
         op: that call's envoy (``mixer.source.<kernel>``).
         decodes: whether it is the one-token decode kernel.
+        table: that kernel's signature table (``RECURRENT_ARGUMENTS`` on a decode step, else ``CHUNK_ARGUMENTS``).
         args, kwargs: the kernel call's arguments, as written so far by the worker.
         seq: the call's number of tokens.
         expected: ``(shape, dtype, device)`` of one state of this call.
@@ -62,12 +99,13 @@ class Call:
     """
 
     __slots__ = (
-        "mixer", "kernel", "op", "decodes", "args", "kwargs", "seq", "expected", "started", "output_at",
+        "mixer", "kernel", "op", "decodes", "table", "args", "kwargs", "seq", "expected", "started", "output_at",
         "furthest", "writes", "states_read", "strategy",
     )
 
     def __init__(self, mixer: Any, kernel: str, op: Any, decodes: bool, started: int) -> None:
         self.mixer, self.kernel, self.op, self.decodes, self.started = mixer, kernel, op, decodes, started
+        self.table: arguments.Signature = type(mixer).RECURRENT_ARGUMENTS if decodes else type(mixer).CHUNK_ARGUMENTS
         self.args: tuple = ()
         self.kwargs: dict = {}
         self.seq = 0
@@ -78,6 +116,44 @@ class Call:
         self.states_read = False
         self.strategy: dict[str, Any] = {}
 
+    @staticmethod
+    def entry(mixer: Any, kernels: tuple) -> dict:
+        """What a call source reads at the mixer's input, once per call: the call's length, its cache, whether
+        it continues it, the forward's bound arguments, and how often each of ``kernels`` (labels in the
+        forward) has started before this call (a later request for its arguments past that count would land
+        in the next call)."""
+        # Instrument the forward before it runs, whatever value is read first (a convolution window reads
+        # no kernel op): otherwise a first trace runs it uninstrumented and a later kernel read is lost.
+        mixer.source
+        Call.check_entry(mixer)
+        args, kwargs = mixer.inputs
+        module = mixer.hf_module()
+        bound = signature_binding(type(module).forward, module, args, kwargs)
+        hidden = bound.get("hidden_states", args[0] if args else None)
+        # The cache under this release's keyword: ``cache`` (5.24), ``cache_params`` or ``past_key_values`` before.
+        cache = next((bound[name] for name in ("cache", "cache_params", "past_key_values") if bound.get(name) is not None), None)
+        med = mediator()
+        started = {label: med.occurrence(f"{mixer.path}.source.{label}.input") for label in kernels}
+        return {
+            "seq": hidden.shape[1], "cache": cache, "continues": mixer.continues_cache(cache), "kernels": started,
+            "arguments": bound,  # the forward's own arguments (RWKV's state list, which it carries instead of a cache)
+        }
+
+    @classmethod
+    def at_start(cls, mixer: Any, kernel: str, op: Any, decodes: bool, started: int, tokens: str) -> Call:
+        """The record of kernel call ``op`` (label ``kernel``), made while the worker waits at its start: its
+        arguments, its length (axis 1 of argument ``tokens``) and one state's ``expected`` shape, dtype, device."""
+        call = cls(mixer, kernel, op, decodes, started)
+        call.check_not_started("a kernel argument", KERNEL_RAN)
+        call.args, call.kwargs = op.inputs
+        if type(mixer).SHARED_ARGUMENTS and arguments.own_nodes(call, call.table):
+            Mediator.swap(f"{op.path}.input", call.arguments)
+        call.output_at = mediator().occurrence(f"{op.path}.output")
+        served = call.serve(tokens)  # positional or keyword (the mLSTM's backend takes keywords only)
+        call.seq = served.shape[1]
+        call.expected = (mixer.state_shape(call), torch.float32, served.device)
+        return call
+
     @property
     def arguments(self) -> tuple:
         """``(args, kwargs)`` of the kernel call."""
@@ -86,6 +162,126 @@ class Call:
     def occurrences(self, location: str) -> int:
         """How often the run has passed ``location`` (a path ending in ``.input`` / ``.output``)."""
         return mediator().occurrence(location)
+
+    def kernel_waiting(self) -> bool:
+        """Whether the kernel call has not started yet, so its arguments can still be rewritten."""
+        return self.occurrences(f"{self.op.path}.input") <= self.started
+
+    # -- the kernel's arguments by name --------------------------------------------------
+
+    def serve(self, name: str) -> Any:
+        """Argument ``name`` of the kernel call, tokens first; ``None`` where the kernel has no such argument."""
+        return arguments.serve(self.table, name, self.arguments)
+
+    def assign(self, name: str, view: Any) -> None:
+        """Replace argument ``name`` by ``view`` (served tokens first, laid back in the kernel's layout), before the kernel runs."""
+        what = f"`linear_attn.{name}`"
+        slot = self.table.get(name)
+        if slot is None:
+            raise Unavailable(f"a write to {what}", f"it is not an argument of this call's kernel ({self.kernel})")
+        self.check_not_started(f"a write to {what}")
+        where, layout = slot
+        current = select_from(self.arguments, where)
+        if isinstance(current, torch.Tensor):
+            check_tensor(what, view, layout.read(current))
+            element = layout.write(view, current)
+        else:
+            element = view
+        self.args, self.kwargs = replace_in(self.arguments, where, element)
+        # Later values of this call (betas from dt, ...) read the record, which now holds the write.
+        Mediator.swap(f"{self.op.path}.input", self.arguments)
+
+    def segments(self, initial: Any, stop: int | None = None) -> list[tuple[int, int, Any]]:
+        """The call's runs between its writes up to ``stop`` (`runs_between_writes`), the first from ``initial``."""
+        return runs_between_writes(self.writes, self.seq, initial, stop)
+
+    # -- the state entering and leaving the call ---------------------------------------
+    # A prompt's kernel takes the entering state as argument ``"state"`` (``None`` on a fresh prompt) and returns
+    # the state after its last token as element ``FINAL_STATE`` (``None`` without a cache). A one-step decode
+    # kernel (Mamba, ``ONE_STEP_DECODE``) updates the cache's buffer in place instead: the entering state is a
+    # copy of it, written by copying into it, and the leaving state is the buffer once the kernel has returned.
+
+    @property
+    def one_step(self) -> bool:
+        """Whether the kernel is a one-step decode updating the cache's state buffer (argument ``"state"``) in place."""
+        return self.decodes and type(self.mixer).ONE_STEP_DECODE
+
+    def state_input(self) -> torch.Tensor | None:
+        """The state entering the call, a copy (``None`` on a fresh prompt)."""
+        state = self.serve("state")
+        if state is None:
+            return None
+        if recording() and not self.one_step and self.kernel_waiting():
+            # Under autograd the kernel reads the entering state through the served copy (an exact graft), so its
+            # .grad is the loss's derivative by it; the cache's buffer, overwritten in place later, is left out of it.
+            entering = state.detach().clone().requires_grad_(True)
+            self.assign("state", graft(entering, entering, state))
+            return entering
+        # The cache overwrites the entering state's buffer in place during the call.
+        return state.clone()
+
+    def assign_state_input(self, value: Any) -> None:
+        """Make the call start from ``value``, before its kernel runs."""
+        what = "`linear_attn.state_input`"
+        self.check_not_started(f"a write to {what}")
+        check_expected(what, value, *self.expected)
+        if self.one_step:
+            # The kernel updates this buffer in place and nothing else writes the cache:
+            # write into it, so the step continues from value and the cache follows.
+            self.serve("state").copy_(value)
+            return
+        if "state" not in self.table:
+            raise Unavailable(
+                "a write to linear_attn.state_input",
+                f"{type(self.mixer).__name__}'s prompt kernel takes no initial state (it starts from zeros): assign "
+                "`state_input` on a decode step, or use set_state_after(t, value) inside the prompt"
+            )
+        self.assign("state", value)
+
+    def state_output(self) -> torch.Tensor:
+        """The state after the call's last token (waits for the kernel to return)."""
+        if self.one_step:
+            buffer = self.serve("state")
+            self.op.output  # the kernel has returned: the buffer holds the new state
+            return buffer.clone()
+        return self.final_output()[type(self.mixer).FINAL_STATE]
+
+    def write_state_output(self, value: Any) -> None:
+        """Make ``value`` the state after the call's last token, once the kernel has returned."""
+        what = "`linear_attn.state_output`"
+        if self.one_step:
+            buffer = self.serve("state")
+            self.op.output
+            check_tensor(what, value, buffer)
+            buffer.copy_(value)
+            return
+        output, index = self.final_output(), type(self.mixer).FINAL_STATE
+        check_tensor(what, value, output[index])
+        self.op.output = replace_in(output, index, value)
+
+    def final_output(self) -> tuple:
+        """The kernel's return, holding a final state (else `Unavailable`: the call runs without a cache)."""
+        output = self.op.output
+        if not isinstance(output, tuple) or output[type(self.mixer).FINAL_STATE] is None:
+            raise Unavailable("linear_attn.state_output", NO_CACHE)
+        return output
+
+    def effective(self, positions: Any, selection: Any, coefficients: bool) -> tuple:
+        """``(A, readout)``: the mixer's effective attention (``EFFECTIVE``) from the kernel's arguments by name."""
+        served = {name: self.serve(name) for name in self.table}
+        return type(self.mixer).EFFECTIVE.compute(served, positions, selection, coefficients)
+
+    def effective_selection(self, positions: Any, heads: Any, channels: Any, what: str) -> tuple:
+        """``(rows, picked)``: `effective_attention_of`'s positions and heads (or channels), checked as indices."""
+        mixer = self.mixer
+        axis = type(mixer).EFFECTIVE.axis
+        chosen, other = (heads, channels) if axis == "heads" else (channels, heads)
+        if other is not None:
+            wrong = "channels" if axis == "heads" else "heads"
+            raise SignatureError(f"`{what}`: {type(mixer).__name__}'s effective attention has one pattern per {axis[:-1]}: pass {axis}=, not {wrong}=")
+        rows = indices.selection(positions, self.seq, what, "position")
+        width = mixer.dims()[type(mixer).values()["effective_attention"].annotation.dim_str.split()[1]]
+        return rows, indices.selection(chosen, width, what, axis[:-1], f"the mixer's {width} {axis}")
 
     # -- the checks ----------------------------------------------------------------
 
@@ -130,6 +326,19 @@ class Call:
         later (or the same) position."""
         self.check_open(what)
         self.check_write_order(what, position, self.states_read, self.furthest, self.writes)
+
+    def check_first_write(self, what: str) -> None:
+        """Raise unless the kernel call has not started: a write that replaces the whole call (skips it) comes first."""
+        self.check_not_started(what, "this call's kernel had already started (state_output, attention_output or a later value was read first)")
+
+    def check_no_later_read(self, position: int, what: str) -> None:
+        """Raise if a read or write reached a token after ``position`` (a write carried to every later token
+        through the decays, which any number of writes may repeat in any order)."""
+        self.check_write_order(what, position, False, self.furthest, {})
+
+    def check_before(self, op: Any, first: int, what: str, passed: str) -> None:
+        """Raise unless the run has not passed occurrence ``first`` of ``op``'s output (``passed``: what had)."""
+        self.check_reachable(f"{op.path}.output", first, what, passed)
 
     @staticmethod
     def check_write_order(what: str, position: int, states_read: bool, furthest: tuple | None, writes: dict) -> None:

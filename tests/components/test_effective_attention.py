@@ -74,7 +74,7 @@ def _read_mixers(mixers, got):
         kernel = cls.KERNEL(mix)
         table = cls.RECURRENT_ARGUMENTS if kernel == cls.RECURRENT_KERNEL else cls.CHUNK_ARGUMENTS
         value_name = "v" if "v" in table else "x"
-        output = mix._record().op.output  # the kernel call's envoy (the RG-LRU calls its scan in a child module)
+        output = mix.record().op.output  # the kernel call's envoy (the RG-LRU calls its scan in a child module)
         output = output[0] if isinstance(output, tuple) else output
         got.append((attention, readout, values, table[value_name][1].read(output).save()))
 

@@ -22,7 +22,6 @@ import pytest
 import torch
 
 import nnterp
-import nnterp.components.per_token_values as per_token_values
 import nnterp.components.recurrent as recurrent_component
 import nnterp.recurrent.labels as labels
 import nnterp.recurrent.per_token as per_token
@@ -57,7 +56,7 @@ TRACE = [
     (routing, "_mixers_on_cpu"),
     (labels, "labels_for"),
     (recurrent_component, "per_call"),
-    (per_token_values, "strategy_for"),
+    (per_token, "strategy_for"),
     (per_token, "per_token_setting"),
 ]
 

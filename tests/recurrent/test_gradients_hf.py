@@ -17,10 +17,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import nnterp
-from nnterp.components.call_state import read_state_input
 from nnterp.components.kimi_delta_attention import KimiDeltaAttention
 from nnterp.components.lightning_attention import LightningAttention
 from nnterp.components.linear_attention import LinearAttention
+from nnterp.components.recurrent import RecurrentMixer
 from nnterp.components.selective_scan import SelectiveScan
 from nnterp.components.state_space import StateSpace
 from nnterp.families import REGISTRY, families
@@ -36,7 +36,7 @@ POSITIONS = (1, 4)
 
 
 def served_through_kernel_class(mixer: type) -> bool:
-    return mixer.values()["state_input"].compute is read_state_input and not mixer.ONE_STEP_DECODE
+    return mixer.values()["state_input"].compute is RecurrentMixer._state_input and not mixer.ONE_STEP_DECODE
 
 
 def metric(logits: torch.Tensor) -> torch.Tensor:

@@ -34,15 +34,15 @@ from ..call import KERNEL_RAN, Call
 from ..gradients import fill, on_the_path, recording, tap
 from ..kernels import drill, needs_torch_kernels
 from ..settings import per_token_setting
-from .protocol import PerToken, TokenOp
+from .protocol import Mixer, PerToken, TokenOp
 
 
-def needs_per_token_chunks(mixer: Any) -> str | None:
+def needs_per_token_chunks(mixer: Mixer) -> str | None:
     """Why the state after every token is unavailable: the chunk scan has boundaries only every ``chunk_size`` tokens."""
     reason = needs_torch_kernels(mixer)
     if reason is not None:
         return reason
-    size = mixer._module.chunk_size
+    size = mixer.hf_module().chunk_size
     if per_token_setting(mixer) != "chunks" and size != 1:
         return (
             f"the chunk scan materializes the state only at chunk boundaries, every {size} tokens "
@@ -57,33 +57,33 @@ class ChunkBoundaries(PerToken):
 
     name = "chunk boundaries"
 
-    def unavailable(self, mixer: Any) -> str | None:
+    def unavailable(self, mixer: Mixer) -> str | None:
         return needs_per_token_chunks(mixer)
 
-    def require(self, mixer: Any, what: str) -> None:
+    def require(self, mixer: Mixer, what: str) -> None:
         reason = self.unavailable(mixer)
         if reason is not None:
             raise Unavailable(f"linear_attn.{what}", reason)
         mediator(f"`linear_attn.{what}`")
 
-    def record(self, mixer: Any) -> Call:
+    def record(self, mixer: Mixer) -> Call:
         """This call's record, its scan run with one token per chunk and its boundary op found (once per call)."""
-        call = mixer._record()
+        call = mixer.record()
         if "op" not in call.strategy:
             if not call.decodes:
                 call.check_not_started("a per-token state", KERNEL_RAN)
-                if mixer._serve("chunk_size") != 1:
-                    mixer._assign_argument("chunk_size", 1)
+                if call.serve("chunk_size") != 1:
+                    call.assign("chunk_size", 1)
             label = mixer.STEP_STATE_OP if call.decodes else mixer.BOUNDARY_OP
             node = getattr(drill(call.op), label)
             call.strategy.update(op=node, first=mediator().occurrence(f"{node.path}.output"))
         return call
 
-    def token_op(self, mixer: Any) -> TokenOp:
+    def token_op(self, mixer: Mixer) -> TokenOp:
         call = self.record(mixer)
         return TokenOp(call.strategy["op"], call.strategy["first"], call.seq)
 
-    def boundaries(self, mixer: Any) -> tuple[Call, torch.Tensor]:
+    def boundaries(self, mixer: Mixer) -> tuple[Call, torch.Tensor]:
         """This call's record and the state after each of its tokens, ``[batch, seq, ...]``, read once per call."""
         call = self.record(mixer)
 
@@ -98,20 +98,20 @@ class ChunkBoundaries(PerToken):
 
         return call, per_call(mixer, "boundaries", read)
 
-    def states(self, mixer: Any) -> torch.Tensor:
+    def states(self, mixer: Mixer) -> torch.Tensor:
         self.require(mixer, "states")
         call, states = self.boundaries(mixer)
         call.advance(call.seq - 1, "states")
         return states
 
-    def state_after(self, mixer: Any, t: int) -> torch.Tensor:
+    def state_after(self, mixer: Mixer, t: int) -> torch.Tensor:
         self.require(mixer, "state_after")
         call, states = self.boundaries(mixer)
         position = call.position(t, f"state_after({t})")
         call.advance(position, f"state_after({t})")
         return on_the_path(states[:, position])
 
-    def states_of(self, mixer: Any, positions: Any) -> torch.Tensor:
+    def states_of(self, mixer: Mixer, positions: Any) -> torch.Tensor:
         # The boundaries hold every token's state already: index them.
         self.require(mixer, "states_of")
         call, states = self.boundaries(mixer)
@@ -119,20 +119,20 @@ class ChunkBoundaries(PerToken):
         call.advance(max(chosen, default=0), "states_of(positions)")
         return on_the_path(states[:, chosen])
 
-    def set_state_after(self, mixer: Any, t: int, value: torch.Tensor) -> None:
+    def set_state_after(self, mixer: Mixer, t: int, value: torch.Tensor) -> None:
         self.require(mixer, "set_state_after")
         what = f"set_state_after({t}, value)"
         call, states = self.boundaries(mixer)
         position = call.position(t, what)
         check_expected(what, value, *call.expected)
-        call.check_write_order(what, position, False, call.furthest, {})
+        call.check_no_later_read(position, what)
         op, first = call.strategy["op"], call.strategy["first"]
         if call.decodes:
             call.check_open(what)
-            mixer._write_state_output(value)  # the cache's buffer, after the step's own update
+            mixer.write_state_output(value)  # the cache's buffer, after the step's own update
             updated = value[:, None]
         else:
-            call.check_reachable(f"{op.path}.output", first, what, "the scan had moved past its boundary states")
+            call.check_before(op, first, what, "the scan had moved past its boundary states")
             with pinned(first):
                 current = op.output
             boundaries = current.clone()
@@ -147,7 +147,7 @@ class ChunkBoundaries(PerToken):
         call.furthest = (position, what)
         call.writes[position] = value
 
-    def _tapped(self, mixer: Any, call: Call, boundaries: torch.Tensor) -> torch.Tensor:
+    def _tapped(self, mixer: Mixer, call: Call, boundaries: torch.Tensor) -> torch.Tensor:
         """The states after every token as a leaf the scan reads through (under autograd; pinned at the boundaries).
 
         The scan computed every boundary at once, so the state after token
@@ -160,7 +160,7 @@ class ChunkBoundaries(PerToken):
         states = boundaries[:, 1:]
         collect = tap(tuple(states.shape), states)
         zero = collect - collect.detach()
-        log = mixer._decays().detach().float()  # [batch, seq, heads]
+        log = mixer.log_decays().detach().float()  # [batch, seq, heads]
         total = torch.cumsum(log, dim=1)
         gap = total[:, :, None] - total[:, None, :]  # [batch, t, s, heads]: Σ_{s<j≤t} decays_j
         later = torch.ones(log.shape[1], log.shape[1], dtype=torch.bool, device=log.device).tril(-1)[None, :, :, None]
@@ -171,19 +171,19 @@ class ChunkBoundaries(PerToken):
         call.strategy["op"].output = boundaries + through
         return fill(collect, states.detach())
 
-    def _carried(self, mixer: Any, position: int, delta: torch.Tensor) -> torch.Tensor:
+    def _carried(self, mixer: Mixer, position: int, delta: torch.Tensor) -> torch.Tensor:
         """``delta`` (the change of the state after token ``position``) as it reaches every token, ``[batch, seq, ...]``.
 
         The state after token ``c > position`` changes by ``exp(Σ_{position<j≤c} decays_j) · delta``; tokens up to ``position`` not.
         """
-        log = mixer._decays()  # [batch, seq, heads]
+        log = mixer.log_decays()  # [batch, seq, heads]
         total = torch.cumsum(log, dim=1)
         gap = total - total[:, position : position + 1]
         after = torch.arange(log.shape[1], device=log.device)[None, :, None] >= position
         factor = torch.where(after, gap.exp(), torch.zeros_like(gap))
         return factor[..., None, None] * delta[:, None].to(factor.dtype)
 
-    def state(self, mixer: Any) -> torch.Tensor:
+    def state(self, mixer: Mixer) -> torch.Tensor:
         self.require(mixer, "state")
         t = mediator("`linear_attn.state`").iteration or 0  # the token tracer.iter pins (outside a loop: token 0)
         with pinned(None):
@@ -198,7 +198,7 @@ class ChunkBoundaries(PerToken):
         with pinned(None):
             return self.state_after(mixer, t)
 
-    def set_state(self, mixer: Any, value: torch.Tensor) -> None:
+    def set_state(self, mixer: Mixer, value: torch.Tensor) -> None:
         self.require(mixer, "state")
         pinned_t = mediator("`linear_attn.state`").iteration
         with pinned(None):

@@ -62,7 +62,7 @@ from ..arguments import serve
 from ..call import Call
 from ..gradients import recording
 from ..kernels import bound, modeling_of, runs_pure_torch
-from .protocol import PerToken
+from .protocol import Mixer, PerToken
 
 #: Tokens whose states `FromArguments.states_of` computes at once (its memory beyond the selection).
 SELECTION_BLOCK = 64
@@ -76,18 +76,18 @@ class FromArguments(PerToken):
 
     name = "from the kernel call's arguments"
 
-    def unavailable(self, mixer: Any) -> str | None:
+    def unavailable(self, mixer: Mixer) -> str | None:
         if type(mixer).FAST is None:
             return f"{type(mixer).__name__} has no fast path"
         return None
 
-    def record(self, mixer: Any, what: str) -> Call:
+    def record(self, mixer: Mixer, what: str) -> Call:
         """This call's record, with its prompt kernel's arguments by name (once per call)."""
         reason = self.unavailable(mixer)
         if reason is not None:
             raise Unavailable(f"linear_attn.{what}", reason)
         mediator(f"`linear_attn.{what}`")
-        call = mixer._record()
+        call = mixer.record()
         if not call.decodes and "named" not in call.strategy:
             table = type(mixer).CHUNK_ARGUMENTS
             # Tokens first (the layouts applied), as the spec takes them.
@@ -98,20 +98,12 @@ class FromArguments(PerToken):
             call.strategy.update(named=arguments, served=False)
         return call
 
-    def _segments(self, call: Call, stop: int | None = None) -> list:
-        """``(lo, hi, initial)`` runs of the call up to ``stop``, split after every write."""
-        stop = call.seq if stop is None else stop
-        runs, lo, initial = [], 0, call.strategy["named"].get("state")
-        for t in sorted(call.writes):
-            if t >= stop:
-                break
-            runs.append((lo, t + 1, initial))
-            lo, initial = t + 1, call.writes[t]
-        if lo < stop:
-            runs.append((lo, stop, initial))
-        return runs
+    @staticmethod
+    def segments(call: Call, stop: int | None = None) -> list:
+        """The call's runs up to ``stop`` (`Call.segments`), the first from the state entering it."""
+        return call.segments(call.strategy["named"].get("state"), stop)
 
-    def _run_kernel(self, mixer: Any, call: Call, lo: int, hi: int, initial: Any, final: bool) -> Any:
+    def _run_kernel(self, mixer: Mixer, call: Call, lo: int, hi: int, initial: Any, final: bool) -> Any:
         """The bound kernel (whatever it is) on tokens ``[lo, hi)`` of the call, from ``initial``."""
         cls = type(mixer)
         if ONE_PASS and cls.FAST.ring and runs_pure_torch(mixer) and not recording(initial):
@@ -125,7 +117,7 @@ class FromArguments(PerToken):
                 if done is not None:
                     return done[0]
         args, kwargs = cut(cls.CHUNK_ARGUMENTS, cls.FAST.tokens, call.arguments, lo, hi, initial, final)
-        result = bound(modeling_of(mixer._module), cls.CHUNK_FUNCTION)(*args, **kwargs)
+        result = bound(modeling_of(mixer.hf_module()), cls.CHUNK_FUNCTION)(*args, **kwargs)
         if initial is not None and "state" not in cls.CHUNK_ARGUMENTS:
             # The kernel started from zeros: add what the start state contributes to its output and final state.
             result = cls.FAST.resume(piece(cls.FAST, call.strategy["named"], lo, hi, None), initial, result)
@@ -137,10 +129,10 @@ class FromArguments(PerToken):
 
     # -- reads ------------------------------------------------------------------------
 
-    def states(self, mixer: Any) -> torch.Tensor:
+    def states(self, mixer: Mixer) -> torch.Tensor:
         call = self.record(mixer, "states")
         if call.decodes:
-            return mixer._read_state_output()[:, None]
+            return mixer.read_state_output()[:, None]
         spec = type(mixer).FAST
         arguments = call.strategy["named"]
         shape = spec.state_shape(arguments)
@@ -150,7 +142,7 @@ class FromArguments(PerToken):
         out = self._buffer((shape[0], call.seq, *shape[1:]), call.expected[2], differentiable)
         done = self._one_pass(mixer, call, out) if not differentiable else None
         with torch.enable_grad() if differentiable else torch.no_grad():
-            for lo, hi, initial in self._segments(call) if done is None else ():
+            for lo, hi, initial in self.segments(call) if done is None else ():
                 spec.compute(piece(spec, arguments, lo, hi, initial), out[:, lo:hi])
         for t, value in call.writes.items():
             out[:, t] = value
@@ -158,7 +150,7 @@ class FromArguments(PerToken):
         call.advance(call.seq - 1, "states")
         return out
 
-    def _one_pass(self, mixer: Any, call: Call, out: torch.Tensor) -> torch.Tensor | None:
+    def _one_pass(self, mixer: Mixer, call: Call, out: torch.Tensor) -> torch.Tensor | None:
         """The states, with the kernel call skipped with the output computed alongside them, or ``None`` (see `ONE_PASS`)."""
         cls = type(mixer)
         if not ONE_PASS or cls.FAST.one_pass is None or call.writes or call.strategy["served"] or not covers_the_batch():
@@ -175,26 +167,26 @@ class FromArguments(PerToken):
         call.strategy["served"] = True
         return done[1]
 
-    def state_after(self, mixer: Any, t: int) -> torch.Tensor:
+    def state_after(self, mixer: Mixer, t: int) -> torch.Tensor:
         what = f"state_after({t})"
         call = self.record(mixer, what)
         position = call.position(t, what)
         if call.decodes:
-            return mixer._read_state_output()
+            return mixer.read_state_output()
         if position in call.writes:
             return call.writes[position]
-        lo, hi, initial = self._segments(call, position + 1)[-1]
+        lo, hi, initial = self.segments(call, position + 1)[-1]
         final = self._run_kernel(mixer, call, lo, hi, initial, True)[type(mixer).FINAL_STATE]
         call.advance(position, what)
         call.strategy.setdefault("read", {})[position] = final
         return final
 
-    def states_of(self, mixer: Any, positions: Any) -> torch.Tensor:
+    def states_of(self, mixer: Mixer, positions: Any) -> torch.Tensor:
         what = "states_of(positions)"
         call = self.record(mixer, "states_of")
         chosen = call.positions(positions, what)
         if call.decodes:
-            return mixer._read_state_output()[:, None][:, [0] * len(chosen)]  # the step's one token
+            return mixer.read_state_output()[:, None][:, [0] * len(chosen)]  # the step's one token
         spec = type(mixer).FAST
         arguments = call.strategy["named"]
         shape = spec.state_shape(arguments)
@@ -205,7 +197,7 @@ class FromArguments(PerToken):
         with torch.enable_grad() if differentiable else torch.no_grad():
             # Blocks of tokens up to the last wanted position, each from the state the previous one ended with.
             buffer = None
-            for lo, hi, initial in self._segments(call, span):
+            for lo, hi, initial in self.segments(call, span):
                 for at in range(lo, hi, SELECTION_BLOCK):
                     stop = min(hi, at + SELECTION_BLOCK)
                     if buffer is None or differentiable:  # under autograd a block is kept by the graph: never reused
@@ -221,16 +213,15 @@ class FromArguments(PerToken):
 
     # -- writes -------------------------------------------------------------------------
 
-    def set_state_after(self, mixer: Any, t: int, value: torch.Tensor) -> None:
+    def set_state_after(self, mixer: Mixer, t: int, value: torch.Tensor) -> None:
         what = f"set_state_after({t}, value)"
         call = self.record(mixer, what)
         position = call.position(t, what)
         check_expected(what, value, *call.expected)
         if call.decodes:
-            return mixer._write_state_output(value)
+            return mixer.write_state_output(value)
         if not call.strategy["served"]:
-            # The first write skips the kernel call, so it must come before the call starts.
-            call.check_not_started(what, "this call's kernel had already started (state_output, attention_output or a later value was read first)")
+            call.check_first_write(what)  # the first write skips the kernel call, so it comes before the call starts
         # A read of this very position (read-modify-write) stays valid: the split leaves tokens up to it as computed.
         call.check_write(position, what)
         read = call.strategy.get("read", {}).get(position)
@@ -250,10 +241,10 @@ class FromArguments(PerToken):
             Mediator.swap(f"{call.op.path}.output", result)
         call.strategy["served"] = True
 
-    def _split_result(self, mixer: Any, call: Call) -> Any:
+    def _split_result(self, mixer: Mixer, call: Call) -> Any:
         """What the call returns with its writes: the segments' outputs, and the final state."""
         flag = bool(call.strategy["named"].get("final") or False)
-        results = [self._run_kernel(mixer, call, lo, hi, initial, flag) for lo, hi, initial in self._segments(call)]
+        results = [self._run_kernel(mixer, call, lo, hi, initial, flag) for lo, hi, initial in self.segments(call)]
         axis = type(mixer).FAST.output_axis
         if not isinstance(results[-1], tuple):
             return torch.cat(results, dim=axis)  # a kernel returning its output only (no final state asked)
@@ -263,7 +254,7 @@ class FromArguments(PerToken):
             result = replace_in(result, index, call.writes[call.seq - 1])
         return result
 
-    def state(self, mixer: Any) -> torch.Tensor:
+    def state(self, mixer: Mixer) -> torch.Tensor:
         raise Unavailable("linear_attn.state", "the fast path has no per-token location for tracer.iter")
 
     set_state = state  # type: ignore[assignment]

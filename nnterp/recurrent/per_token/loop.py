@@ -10,7 +10,7 @@ tokens earlier calls put through it): token ``t`` of this call is occurrence
 ``first + t``, which a read pins (`nnterp.core.calls.pinned`).
 
 A write at ``t`` (`set_state_after`) leaves token ``t``'s own readout: the
-component's ``_continue_from`` writes the state token ``t + 1`` starts from
+component's ``continue_from`` writes the state token ``t + 1`` starts from
 (the decayed state on a DeltaNet, the next update on Mamba-1), and on the
 call's last token the kernel's returned final state.
 """
@@ -28,10 +28,10 @@ from ..call import KERNEL_RAN, Call
 from ..gradients import fill, recording, tap
 from ..kernels import bound, modeling_of, needs_torch_kernels, torch_function
 from ..settings import runs_remotely
-from .protocol import PerToken, TokenOp
+from .protocol import Mixer, PerToken, TokenOp
 
 
-def needs_recurrent_routing(mixer: Any) -> str | None:
+def needs_recurrent_routing(mixer: Mixer) -> str | None:
     """Why the per-token state is unavailable: only the token-by-token kernel materializes it."""
     if mixer.STATE_OP is None:
         return "this mixer's kernels do not materialize the state after each token"
@@ -40,7 +40,7 @@ def needs_recurrent_routing(mixer: Any) -> str | None:
         return reason
     if not type(mixer).CHUNK_FUNCTION:
         return None  # the token loop is the mixer's own method (RG-LRU's scan): every prompt runs it, nothing to route
-    modeling = modeling_of(mixer._module)
+    modeling = modeling_of(mixer.hf_module())
     # Through the dispatcher or bound bare, what counts is the body a prompt runs (Mamba-1: the loop already).
     if torch_function(bound(modeling, type(mixer).CHUNK_FUNCTION)) is not mixer.loop_function():
         if runs_remotely(mixer):
@@ -63,28 +63,28 @@ class TokenLoop(PerToken):
 
     name = "token loop"
 
-    def unavailable(self, mixer: Any) -> str | None:
+    def unavailable(self, mixer: Mixer) -> str | None:
         return needs_recurrent_routing(mixer)
 
-    def require(self, mixer: Any, what: str) -> Call:
+    def require(self, mixer: Mixer, what: str) -> Call:
         reason = self.unavailable(mixer)
         if reason is not None:
             raise Unavailable(f"linear_attn.{what}", reason)
         mediator(f"`linear_attn.{what}`")
         return self.record(mixer)
 
-    def record(self, mixer: Any) -> Call:
+    def record(self, mixer: Mixer) -> Call:
         """This call's record, with the state op found under its kernel (once per call)."""
-        call = mixer._record()
+        call = mixer.record()
         if "op" not in call.strategy:
             call.check_not_started("a per-token state", KERNEL_RAN)
-            source = mixer._loop_source(call.op)
+            source = mixer.loop_source(call.op)
             label = mixer.STEP_STATE_OP if call.decodes and mixer.STEP_STATE_OP is not None else mixer.STATE_OP
             node = getattr(source, label)
             call.strategy.update(op=node, source=source, first=mediator().occurrence(f"{node.path}.output"))
         return call
 
-    def token_op(self, mixer: Any) -> TokenOp:
+    def token_op(self, mixer: Mixer) -> TokenOp:
         call = self.record(mixer)
         return TokenOp(call.strategy["op"], call.strategy["first"], call.seq)
 
@@ -98,14 +98,14 @@ class TokenLoop(PerToken):
     def _pinned(self, call: Call, position: int) -> torch.Tensor:
         kept = self._kept(call, position)
         if kept is None:
-            kept = call.mixer._token_state(call, call.strategy["first"] + position)
+            kept = call.mixer.token_state(call, call.strategy["first"] + position)
             call.strategy["kept"] = (position, kept)
         return kept
 
     def _reach(self, call: Call, position: int, what: str, op: Any = None) -> None:
-        call.reach(position, what, op or call.mixer._token_ops(call, position), call.strategy["first"])
+        call.reach(position, what, op or call.mixer.token_ops(call, position), call.strategy["first"])
 
-    def states(self, mixer: Any) -> torch.Tensor:
+    def states(self, mixer: Mixer) -> torch.Tensor:
         call = self.require(mixer, "states")
         if self._kept(call, 0) is None:
             self._reach(call, 0, "states")
@@ -118,14 +118,14 @@ class TokenLoop(PerToken):
                 collect = tap((state.shape[0], call.seq, *state.shape[1:]), state)
             if collect is not None and position + 1 < call.seq:
                 # Token t + 1 continues from the state through the tap (an exact zero), as set_state_after writes it.
-                mixer._continue_from(call, position, state + collect[:, position])
+                mixer.continue_from(call, position, state + collect[:, position])
             call.advance(position, "states")
         if collect is not None:
             # A leaf the later tokens read through: its gradient at t is the loss's derivative by the state after t.
             return fill(collect, torch.stack([s.detach() for s in out], 1))
         return torch.stack(out, 1)
 
-    def state_after(self, mixer: Any, t: int) -> torch.Tensor:
+    def state_after(self, mixer: Mixer, t: int) -> torch.Tensor:
         what = f"state_after({t})"
         call = self.require(mixer, "state_after")
         position = call.position(t, what)
@@ -135,7 +135,7 @@ class TokenLoop(PerToken):
             self._reach(call, position, what)
         return self._pinned(call, position)
 
-    def set_state_after(self, mixer: Any, t: int, value: torch.Tensor) -> None:
+    def set_state_after(self, mixer: Mixer, t: int, value: torch.Tensor) -> None:
         what = f"set_state_after({t}, value)"
         call = self.require(mixer, "set_state_after")
         position = call.position(t, what)
@@ -143,29 +143,29 @@ class TokenLoop(PerToken):
         # Token t itself may have been read (read-modify-write): what must still come is token t + 1's start.
         call.check_open(what)
         if position + 1 < call.seq:
-            self._reach(call, position + 1, what, op=mixer._continue_op(call))
-            mixer._continue_from(call, position, value)
+            self._reach(call, position + 1, what, op=mixer.continue_op(call))
+            mixer.continue_from(call, position, value)
         else:
-            mixer._write_state_output(value)
+            mixer.write_state_output(value)
         call.writes[position] = value
         call.strategy.pop("kept", None)
         call.advance(position + 1, what)
 
-    def location(self, mixer: Any) -> str:
+    def location(self, mixer: Mixer) -> str:
         with pinned(None):
             call = self.record(mixer)
         return call.strategy["op"].path[len(mixer.path) + 1:] + ".output"
 
-    def state(self, mixer: Any) -> torch.Tensor:
+    def state(self, mixer: Mixer) -> torch.Tensor:
         self.require_iteration(mixer)
         occurrence = mediator("`linear_attn.state`").iteration or 0
         with pinned(None):
             call = self.record(mixer)
         # The read relaxes tracer.iter's pin: an assignment after it in the loop body means this token.
         call.strategy["iterated"] = occurrence - call.strategy["first"]
-        return mixer._token_state(call, occurrence or None)
+        return mixer.token_state(call, occurrence or None)
 
-    def set_state(self, mixer: Any, value: torch.Tensor) -> None:
+    def set_state(self, mixer: Mixer, value: torch.Tensor) -> None:
         # One meaning on every mixer: the token tracer.iter pins is `set_state_after`'s t.
         self.require_iteration(mixer)
         occurrence = mediator("`linear_attn.state`").iteration
@@ -174,7 +174,7 @@ class TokenLoop(PerToken):
             position = occurrence - call.strategy["first"] if occurrence else call.strategy.get("iterated", 0)
             self.set_state_after(mixer, position, value)
 
-    def require_iteration(self, mixer: Any) -> None:
+    def require_iteration(self, mixer: Mixer) -> None:
         reason = self.unavailable(mixer)
         if reason is not None:
             raise Unavailable("linear_attn.state", reason)

@@ -8,7 +8,7 @@ its ``.grad`` fails with nnsight's ``OutOfOrderError`` ("requested but the
 model already ran past it") once the backward pass ends without reaching it.
 `gradient_reasons` says, per value and per the live settings, which case
 holds, and why (a component adds its own gradient-less values in
-``GRADIENTLESS``, value name -> reason): `RecurrentMixer.gradients` binds it, and ``support()`` lists
+``GRADIENTLESS``, value name -> reason): `RecurrentMixer.gradients` returns it, and ``support()`` lists
 it beside the values.
 
 The ``set_state_after.grad`` row is the gradient of a ``set_state_after(t,
@@ -20,9 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..recurrent.per_token import FromArguments, strategy_for
-from ..recurrent.per_token.loop import needs_recurrent_routing
-from .call_state import read_state_input
+from .per_token import FromArguments, strategy_for
+from .per_token.loop import needs_recurrent_routing
 
 ANALYSIS = (
     "computed for analysis from the kernel call's arguments; the model never reads it, so no gradient of a loss on "
@@ -57,20 +56,19 @@ NEVER = {
 SKIPPED = ("state",)
 
 
-def served_through_kernel(mixer: Any) -> bool:
-    """Whether ``state_input`` is the shared one, which the kernel reads through under autograd (not a one-step decode's buffer)."""
-    return type(mixer).values()["state_input"].compute is read_state_input and not type(mixer).ONE_STEP_DECODE
+def gradient_reasons(mixer: Any, through_kernel: bool = False) -> dict[str, str | None]:
+    """``value name -> None`` (its ``.grad`` is served now) or why not; plus ``set_state_after`` (its target's).
 
-
-def gradient_reasons(mixer: Any) -> dict[str, str | None]:
-    """``value name -> None`` (its ``.grad`` is served now) or why not; plus ``set_state_after`` (its target's)."""
+    ``through_kernel``: whether the mixer's ``state_input`` is one the kernel reads through under autograd
+    (`nnterp.recurrent.call.Call.state_input`, not a one-step decode's buffer), so its ``.grad`` is served.
+    """
     reasons: dict[str, str | None] = {}
     for name, value in type(mixer).values().items():
         if name in SKIPPED:
             continue
         reason = value.reason(mixer)
-        if reason is None and name == "state_input" and served_through_kernel(mixer):
-            pass  # read through the served copy under autograd (call_state.read_state_input)
+        if reason is None and name == "state_input" and through_kernel:
+            pass  # read through the served copy under autograd (Call.state_input)
         elif reason is None:
             reason = type(mixer).GRADIENTLESS.get(name, NEVER.get(name))
         if reason is None and name == "states" and isinstance(strategy_for(mixer), FromArguments):
