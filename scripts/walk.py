@@ -5,11 +5,12 @@
     python scripts/walk.py mamba2 qwen3_5_text  # only these model types
 
 A walk is what the intervention worker runs inside nnterp for one access, on a
-tiny checkpoint and a 6-token prompt: ``sys.setprofile`` is set on the worker
+tiny checkpoint and a short prompt (`PROMPT`): ``sys.setprofile`` is set on the worker
 (the thread running the trace's body) around ``mix.states`` or
 ``mix.set_state_after(2, state * 0)`` (after an unprofiled ``state_after(1)``),
 and every Python ``call`` event whose code lives under the nnterp package is
-kept. Counted (as docs/architecture-review-2 does):
+kept. Counted as the second architecture review counted them
+(``shared/research/architecture-review-2.md``, issue 23):
 
 * ``calls``: those call events;
 * ``files``: the distinct nnterp files they enter;
@@ -22,13 +23,15 @@ kernel is a chunked scan, ``plain`` where the pure-torch prompt kernel already
 loops over tokens (``ONE_STEP_DECODE``), ``routed`` (``route_kernels(family,
 "torch")``) otherwise; and ``fast`` (`nnterp.fast_states`) as well where the
 component has a fast path (``FAST``). Each model type's walks run in their own
-interpreter (``--inline`` runs them here, for a debugger), so nothing another
-walk imported or cached counts or is missed.
+interpreter, always in the same order (per setting: the write, then the read),
+so what another model type imported or cached neither counts nor goes missing
+(``--inline`` runs them in this process, for a debugger).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -65,8 +68,6 @@ def settings_of(model_type: str) -> list:
 
 
 def _setting(model, name: str):
-    import contextlib
-
     import nnterp
 
     if name == "plain":
