@@ -12,19 +12,18 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import sys
 from contextlib import ExitStack
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
 
 import nnterp
 from nnterp import StandardizedTransformer, fast_states
-from nnterp.components import lightning_one_pass, mlstm_one_pass, wkv_one_pass
-from nnterp.components.lightning_attention import LightningAttention
-from nnterp.components.mlstm import MLSTM
-from nnterp.components.wkv import WKV
 from nnterp.core.errors import NnterpError
+from nnterp.families import families
 from nnterp.fast import empty_cache
 from nnterp.recurrent.per_token import from_arguments
 from nnterp.recurrent.per_token.from_arguments import FROM_ARGUMENTS
@@ -37,7 +36,25 @@ GENERATE = 32
 TWO_PASSES = "fast path with one_pass off: the kernel, then a states pass"
 #: The same, on the own strategies with a one pass (its switch per component).
 OWN_TWO_PASSES = "own strategy with one_pass off: the forward's own recurrence, then a states pass"
-OWN_ONE_PASSES = {LightningAttention: lightning_one_pass, MLSTM: mlstm_one_pass, WKV: wkv_one_pass}
+
+
+def own_one_pass(kind: type) -> ModuleType | None:
+    """The module holding ``kind``'s own one-pass switch, or ``None``: a module its class's files import that
+    declares a boolean ``ONE_PASS`` (the fast path's, `from_arguments`, aside)."""
+    for klass in kind.__mro__:
+        module = sys.modules.get(klass.__module__)
+        for value in vars(module).values() if module is not None else ():
+            if isinstance(value, ModuleType) and value is not from_arguments and isinstance(getattr(value, "ONE_PASS", None), bool):
+                return value
+    return None
+
+
+#: ``{mixer component: the module of its own one-pass switch}``, for every registered recurrent kind that has one.
+OWN_ONE_PASSES = {
+    kind: switch
+    for kind in dict.fromkeys(family.MIXER for family in families() if family.MIXER is not None)
+    if (switch := own_one_pass(kind)) is not None
+}
 
 
 def build(name: str, config: Any, cache_dir: Path) -> Path:
@@ -117,9 +134,10 @@ class Paths:
     def routed(self) -> None:
         self.stack.close()
         self.stack = ExitStack()
-        if self.kind == "mamba2":
+        mixer = self.model.family.MIXER
+        if mixer.CHUNKED_SCAN:  # Mamba-2: its chunk scan with every token a chunk boundary
             self.stack.enter_context(nnterp.chunk_per_token(self.model))
-        elif self.kind != "mamba":  # Mamba-1's pure-torch prompt kernel is already the token loop
+        elif not mixer.ONE_STEP_DECODE:  # Mamba-1's (and a short convolution's) pure-torch prompt kernel already loops
             self.stack.enter_context(nnterp.route_kernels(self.model.family, "torch"))
 
     def fast(self) -> None:

@@ -129,7 +129,7 @@ def _measure(args: argparse.Namespace, argv: list | None) -> dict:
                                                 f"{once:.1f} s at L={length}, assuming quadratic growth; --max-forward-s {args.max_forward_s:g})")
                     log(f"  L={later}: skipped, {family['skipped'][later]}")
             longest = all(later in family["skipped"] for later in lengths[index + 1:])
-            routed = not paths.own and not (paths.kind == "mamba2" and length > args.mamba2_routed_max)
+            routed = not paths.own and not (paths.model.family.MIXER.CHUNKED_SCAN and length > args.mamba2_routed_max)
             values = cases.donors(model, ids)
             log(f"  L={length}: checks (untimed)")
             checks = cases.checks(model, ids, values, paths, routed, plain)

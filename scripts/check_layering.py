@@ -1,6 +1,7 @@
 """Check nnterp's import layering: no cycle, no upward import, no private name imported across modules.
 
     python scripts/check_layering.py            # checks ./nnterp, exits 1 and lists the violations if any
+    python scripts/check_layering.py --strict   # ... and exits 1 on an offender of issue 23's rules too
 
 Every ``nnterp/**/*.py`` is parsed with `ast` (nothing is imported). Every import
 statement counts, the lazy ones inside functions included; relative imports are
@@ -22,6 +23,18 @@ Checked:
   ``if TYPE_CHECKING:`` do not run and are left out of this check only;
 * an upward import, per the order above;
 * a private name (``_x``, not ``__x__``) imported from another nnterp module.
+
+Listed as well (``offenders``; issue 23 empties them, tests/test_layering.py
+holds the list of those left and fails when one is added or one goes):
+
+* a bound function: a class-body assignment (``_run = calls.record``,
+  ``set_state_after = per_token.set_state_after``, also through
+  ``staticmethod(...)``, ``classmethod(...)``, ``property(...)``) whose right
+  side is a function defined at module level in another nnterp module;
+* a private member read from a strategy: under ``recurrent/per_token/``, an
+  attribute ``x._name`` (not ``__name__``) where ``x`` is not ``self`` or
+  ``cls``: the strategies reach a mixer through public names only;
+* a long file: an nnterp file of more than `MAX_LINES` lines.
 """
 
 from __future__ import annotations
@@ -269,15 +282,134 @@ def violations(root: Path) -> list:
     return lines
 
 
+#: The most lines an nnterp file may have.
+MAX_LINES = 400
+#: Where the private-member rule applies: the strategies.
+STRATEGIES = ("recurrent", "per_token")
+#: Wrappers through which a class body still binds a function.
+WRAPPERS = {"staticmethod", "classmethod", "property"}
+
+
+def _module_bindings(source: str, path: Path, known: dict) -> dict:
+    """``{local name: (module, attribute or None)}`` of ``source``'s module-level imports of tree modules."""
+    is_package = path.name == "__init__.py"
+    package = source.split(".")[0]
+    found = {}
+    nodes = [node for node, _, lazy in _walk(ast.parse(path.read_text(), filename=str(path))) if not lazy]
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and alias.name in known:
+                    found[alias.asname] = (alias.name, None)
+            continue
+        base = _resolve(source, is_package, node.module, node.level)
+        if base is None or not (base == package or base.startswith(package + ".")):
+            continue
+        for alias in node.names:
+            local = alias.asname or alias.name
+            sub = f"{base}.{alias.name}"
+            found[local] = (sub, None) if sub in known else (base, alias.name)
+    return found
+
+
+def _functions(module: str, known: dict, cache: dict) -> dict:
+    """``{name: (defining module, its name there)}`` of the functions ``module`` defines at module level or
+    imports from the tree."""
+    if module not in cache:
+        cache[module] = {}  # a cycle resolves to nothing
+        tree = ast.parse(known[module].read_text(), filename=str(known[module]))
+        defined = {n.name: (module, n.name) for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        for local, (target, attr) in _module_bindings(module, known[module], known).items():
+            if attr is not None and local not in defined and target in known:
+                origin = _functions(target, known, cache).get(attr)
+                if origin is not None:
+                    defined[local] = origin
+        cache[module] = defined
+    return cache[module]
+
+
+def bound_functions(root: Path) -> list:
+    """``(path, line, "Class.name", "module.function")`` for each function of another module bound in a class body."""
+    root = Path(root)
+    known, cache, found = modules(root), {}, []
+    for source, path in known.items():
+        bindings = _module_bindings(source, path, known)
+        for klass in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(klass, ast.ClassDef):
+                continue
+            for node in klass.body:
+                if not isinstance(node, ast.Assign) or len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name):
+                    continue
+                value = node.value
+                if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in WRAPPERS and value.args:
+                    value = value.args[0]
+                origin = None
+                if isinstance(value, ast.Name) and value.id in bindings:
+                    module, attr = bindings[value.id]
+                    if attr is not None and module in known:
+                        origin = _functions(module, known, cache).get(attr)
+                elif isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id in bindings:
+                    module, attr = bindings[value.value.id]
+                    if attr is None and module in known:
+                        origin = _functions(module, known, cache).get(value.attr)
+                if origin is not None and origin[0] != source:
+                    found.append((path, node.lineno, f"{klass.name}.{node.targets[0].id}", f"{origin[0]}.{origin[1]}"))
+    return found
+
+
+def private_reads(root: Path) -> list:
+    """``(path, line, "x._name")`` for each private member a strategy reads off something not ``self``/``cls``."""
+    root = Path(root)
+    folder = root.joinpath(*STRATEGIES)
+    found = []
+    for path in sorted(folder.rglob("*.py")) if folder.is_dir() else []:
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.endswith("__"):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            owner = node.value.id if isinstance(node.value, ast.Name) else ast.unparse(node.value)
+            found.append((path, node.lineno, f"{owner}.{node.attr}"))
+    return sorted(found, key=lambda hit: (str(hit[0]), hit[1], hit[2]))
+
+
+def long_files(root: Path, most: int = MAX_LINES) -> list:
+    """``(path, lines)`` for each file of the package longer than ``most`` lines."""
+    found = []
+    for path in modules(root).values():
+        lines = len(path.read_text().splitlines())
+        if lines > most:
+            found.append((path, lines))
+    return sorted(found, key=lambda hit: str(hit[0]))
+
+
+def offenders(root: Path) -> list:
+    """The bound functions, the strategies' private member reads and the long files, as lines of text."""
+    root = Path(root)
+    base = root.parent
+    lines = [
+        f"bound function: {path.relative_to(base)}:{line}: {name} = {origin}"
+        for path, line, name, origin in bound_functions(root)
+    ]
+    lines += [f"private member read: {path.relative_to(base)}:{line}: {read}" for path, line, read in private_reads(root)]
+    lines += [f"long file: {path.relative_to(base)}: {count} lines (most {MAX_LINES})" for path, count in long_files(root)]
+    return lines
+
+
 def main(argv: list | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("root", nargs="?", default=str(Path(__file__).resolve().parents[1] / "nnterp"))
+    parser.add_argument("--strict", action="store_true", help="exit 1 on an offender too (issue 23's rules)")
     args = parser.parse_args(argv)
     found = violations(Path(args.root))
     for line in found:
         print(line)
     print(f"{len(found)} layering violation(s)" if found else "layering: ok", file=sys.stderr)
-    return 1 if found else 0
+    listed = offenders(Path(args.root))
+    for line in listed:
+        print(line)
+    print(f"{len(listed)} offender(s) of issue 23's rules" if listed else "issue 23's rules: ok", file=sys.stderr)
+    return 1 if found or (args.strict and listed) else 0
 
 
 if __name__ == "__main__":

@@ -26,6 +26,32 @@ def test_it_runs_every_kind_by_default(results):
     assert tuple(found["families"]) == models.FAMILIES
 
 
+def test_its_kinds_are_every_recurrent_kind_of_the_registry():
+    from nnterp.families import REGISTRY, families
+
+    for tiny in (True, False):
+        measured = [REGISTRY[type(config).model_type].MIXER for config in models.configs(tiny).values()]
+        assert tuple(models.configs(tiny)) == models.FAMILIES
+        assert len(set(measured)) == len(measured), "one model per kind"
+        assert set(measured) == {family.MIXER for family in families() if family.MIXER is not None}, (
+            "a registered recurrent kind has no benchmark model (benchmarks/models.py), or one left the registry"
+        )
+
+
+def test_its_own_one_pass_rows_follow_the_components_switches(results):
+    from benchmarks import cases
+    from nnterp.families import REGISTRY
+
+    assert cases.OWN_ONE_PASSES, "lightning attention, the mLSTM and WKV each have their own one pass"
+    for kind, switch in cases.OWN_ONE_PASSES.items():
+        assert kind.FAST is None and switch.ONE_PASS is True, kind.__name__
+    configs = models.configs(True)
+    for name, family in results[0]["families"].items():
+        switched = REGISTRY[type(configs[name]).model_type].MIXER in cases.OWN_ONE_PASSES
+        for length, data in family["lengths"].items():
+            assert (cases.OWN_TWO_PASSES in data["rows"]) == switched, (name, length)
+
+
 def test_fast_and_routed_states_it_times_are_equal(results):
     found, _ = results
     for name in ("gated_deltanet", "mamba", "mamba2", "kimi_delta_attention"):

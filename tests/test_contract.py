@@ -9,7 +9,9 @@
 (e) ``next_token_probs`` of a left-padded batch is each prompt's alone (or refused with the family's
     ``PADDING_REFUSED`` where its model ignores the attention mask);
 (f) a left-padded greedy ``generate`` is each prompt's alone, or, where the family declares
-    ``PADDING_DIFFERS``, exactly transformers' own padded generate (the declaration is checked, not trusted).
+    ``PADDING_DIFFERS``, exactly transformers' own padded generate (the declaration is checked, not trusted);
+(g) every value name a component serves is in the glossary (`nnterp.core.names`), and the glossary lists
+    no name that nothing serves.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import nnterp
 from nnterp import Unavailable
 from nnterp.components.layer import PARTS
-from nnterp.families import REGISTRY, absent
+from nnterp.core.names import VALUES
+from nnterp.core.standard import Standard
+from nnterp.families import REGISTRY, absent, families
 from tests.suites.checkpoint import model_type_params
 
 PROMPT = "The Eiffel Tower is in the city of"
@@ -205,3 +209,28 @@ def test_a_left_padded_generate_is_each_prompt_alone_or_the_family_says_why(case
     differs = [row for row in range(2) if not torch.equal(batch[row, -4:], alone[row])]
     if model.family.PADDING_DIFFERS is None:
         assert differs == [], f"rows {differs} differ from their prompt alone, and the family declares no PADDING_DIFFERS"
+
+
+def _served() -> dict:
+    """``{value name: [component classes serving it]}`` over every registered family's components."""
+    classes = {
+        klass
+        for family in families()
+        for klass in (*family.COMPONENTS.values(), family.LAYER, family.MIXER)
+        if isinstance(klass, type) and issubclass(klass, Standard)
+    }
+    served: dict = {}
+    for klass in sorted(classes, key=lambda k: k.__name__):
+        for name in klass.values():
+            served.setdefault(name, []).append(klass.__name__)
+    return served
+
+
+def test_every_served_value_name_is_in_the_glossary():
+    missing = {name: where for name, where in _served().items() if name not in VALUES}
+    assert not missing, f"value names outside nnterp/core/names.py (take a name there, or add one line): {missing}"
+
+
+def test_the_glossary_names_only_served_values():
+    unserved = sorted(set(VALUES) - set(_served()))
+    assert not unserved, f"nnterp/core/names.py lists names no component serves: {unserved}"

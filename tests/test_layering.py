@@ -19,6 +19,76 @@ def test_nnterp_has_no_cycle_no_upward_import_and_no_private_import():
     assert not found, "\n" + "\n".join(found)
 
 
+# Issue 23's rules. Each allowlist holds today's offenders and only shrinks: a new offender fails, and so does
+# an entry that no longer offends (remove it from the list).
+
+#: issue 23: to be emptied. ``{file: {"Class.name", ...}}`` bound in a class body from another module's function.
+BOUND_FUNCTIONS = {
+    "components/lightning_attention.py": {
+        "LightningAttention._run", "LightningAttention._passed", "LightningAttention._before", "LightningAttention._position",
+        "LightningAttention._segments", "LightningAttention._scan", "LightningAttention._scan_with",
+        "LightningAttention._forward_final", "LightningAttention._graft", "LightningAttention._rewrite",
+        "LightningAttention.states_of",
+    },
+    "components/mlstm.py": {"MLSTM.pack", "MLSTM.unpack", "MLSTM.set_state_after"},
+    "components/recurrent.py": {
+        "RecurrentMixer._state_buffer", "RecurrentMixer._state_input", "RecurrentMixer._assign_state_input",
+        "RecurrentMixer._read_state_output", "RecurrentMixer._write_state_output", "RecurrentMixer.effective_attention_of",
+        "RecurrentMixer._effective", "RecurrentMixer._token_state_op", "RecurrentMixer._token_op",
+        "RecurrentMixer._iterated_state", "RecurrentMixer._assign_iterated_state", "RecurrentMixer._states",
+        "RecurrentMixer.state_after", "RecurrentMixer.states_of", "RecurrentMixer.set_state_after",
+    },
+    "components/short_convolution.py": {"ShortConvolution._states", "ShortConvolution.state_after", "ShortConvolution.set_state_after"},
+}
+#: issue 23: to be emptied. ``{strategy file: {"x._name", ...}}``: private members the strategies read off a mixer.
+PRIVATE_READS = {
+    "recurrent/per_token/boundaries.py": {
+        "mixer._module", "mixer._record", "mixer._serve", "mixer._assign_argument", "mixer._write_state_output", "mixer._decays",
+    },
+    "recurrent/per_token/from_arguments.py": {"mixer._record", "mixer._module", "mixer._read_state_output", "mixer._write_state_output"},
+    "recurrent/per_token/loop.py": {
+        "mixer._module", "mixer._record", "mixer._loop_source", "call.mixer._token_state", "call.mixer._token_ops",
+        "mixer._continue_from", "mixer._continue_op", "mixer._write_state_output", "mixer._token_state",
+    },
+    "recurrent/per_token/protocol.py": {"mixer._record"},
+}
+#: issue 23: to be emptied. The nnterp files over `check_layering.MAX_LINES` lines.
+LONG_FILES = {
+    "accessors.py", "components/lightning_attention.py", "components/recurrent.py", "components/rg_lru.py", "components/wkv.py",
+    "interventions.py", "rename_utils.py", "standardized.py",
+}
+
+
+def _only_shrinks(found: dict, allowed: dict, rule: str) -> None:
+    new = {path: names - allowed.get(path, set()) for path, names in found.items()}
+    gone = {path: names - found.get(path, set()) for path, names in allowed.items()}
+    new, gone = {k: sorted(v) for k, v in new.items() if v}, {k: sorted(v) for k, v in gone.items() if v}
+    assert not new, f"{rule}: new offenders (issue 23 forbids them): {new}"
+    assert not gone, f"{rule}: no longer offending, remove them from the allowlist: {gone}"
+
+
+def _by_file(hits: list, name) -> dict:
+    found: dict = {}
+    for hit in hits:
+        found.setdefault(hit[0].relative_to(ROOT / "nnterp").as_posix(), set()).add(name(hit))
+    return found
+
+
+def test_no_new_function_is_bound_into_a_class_body_from_another_module():
+    found = _by_file(check_layering.bound_functions(ROOT / "nnterp"), lambda hit: hit[2])
+    _only_shrinks(found, BOUND_FUNCTIONS, "bound functions")
+
+
+def test_the_strategies_read_no_new_private_member_of_a_mixer():
+    found = _by_file(check_layering.private_reads(ROOT / "nnterp"), lambda hit: hit[2])
+    _only_shrinks(found, PRIVATE_READS, "private member reads")
+
+
+def test_no_new_file_is_longer_than_400_lines():
+    found = {path.relative_to(ROOT / "nnterp").as_posix() for path, _ in check_layering.long_files(ROOT / "nnterp")}
+    _only_shrinks({"": found}, {"": LONG_FILES}, f"files over {check_layering.MAX_LINES} lines")
+
+
 # The checker, on synthetic trees.
 
 
@@ -147,7 +217,64 @@ def test_a_private_name_from_another_module_fails(tmp_path):
     ]
 
 
+def test_a_function_of_another_module_bound_in_a_class_body_is_found(tmp_path):
+    root = tree(
+        tmp_path,
+        {
+            **CLEAN,
+            "components/satellite.py": "def record(self):\n    return 1\n\n\ndef other(self):\n    return 2\n\nCONSTANT = 3\n",
+            "components/shim.py": "from .satellite import other as moved\n",
+            "components/mixer.py": """
+                from . import satellite as calls
+                from .satellite import record, CONSTANT
+                from .shim import moved
+
+
+                def local(self):
+                    return 0
+
+
+                class Mixer:
+                    _run = calls.record
+                    again = record
+                    wrapped = staticmethod(calls.other)
+                    through = moved
+                    size = CONSTANT
+                    mine = local
+                    kind = calls.CONSTANT
+                """,
+        },
+    )
+    found = [(path.name, name, origin) for path, _, name, origin in check_layering.bound_functions(root)]
+    assert found == [
+        ("mixer.py", "Mixer._run", "nnterp.components.satellite.record"),
+        ("mixer.py", "Mixer.again", "nnterp.components.satellite.record"),
+        ("mixer.py", "Mixer.wrapped", "nnterp.components.satellite.other"),
+        ("mixer.py", "Mixer.through", "nnterp.components.satellite.other"),
+    ]
+
+
+def test_a_private_member_read_from_a_strategy_is_found(tmp_path):
+    strategy = """
+        class Loop:
+            def compute(self, mixer, call):
+                self._cache = mixer._record()
+                return call.mixer._serve, type(mixer).__name__, mixer.public, cls_like._x
+        """
+    root = tree(tmp_path, {**CLEAN, "recurrent/per_token/loop.py": strategy, "recurrent/call.py": strategy})
+    found = [(path.name, read) for path, _, read in check_layering.private_reads(root)]
+    assert found == [("loop.py", "mixer._record"), ("loop.py", "call.mixer._serve"), ("loop.py", "cls_like._x")]
+
+
+def test_a_file_over_the_line_limit_is_found(tmp_path):
+    root = tree(tmp_path, {**CLEAN, "core/long.py": "x = 1\n" * 401, "core/short.py": "x = 1\n" * 400})
+    assert [(path.name, lines) for path, lines in check_layering.long_files(root)] == [("long.py", 401)]
+
+
 def test_the_script_exits_nonzero_on_a_violation(tmp_path, capsys):
     assert check_layering.main([str(tree(tmp_path, CLEAN))]) == 0
     assert check_layering.main([str(tree(tmp_path, {**CLEAN, "core/x.py": "from ..families import llama\n"}))]) == 1
     assert "upward import: nnterp/core/x.py:1" in capsys.readouterr().out
+    long = tree(tmp_path, {**CLEAN, "core/x.py": "x = 1\n" * 401})
+    assert check_layering.main([str(long)]) == 0 and check_layering.main([str(long), "--strict"]) == 1
+    assert "long file: nnterp/core/x.py: 401 lines" in capsys.readouterr().out

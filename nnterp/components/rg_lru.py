@@ -23,7 +23,7 @@ method's one-step branch, whose new state is its return.
 Values, in forward order, all tokens first (``seq`` is this call's tokens):
 
 * ``lru_input`` ``[batch, seq, lru_width]``: x_t, after the convolution (the RG-LRU's input).
-* ``input_gate`` / ``recurrence_gate`` ``[batch, seq, lru_width]``: i_t, r_t.
+* ``input_gates`` / ``recurrence_gate`` ``[batch, seq, lru_width]``: i_t, r_t.
 * ``decays`` ``[batch, seq, lru_width]``: log a_t ≤ 0 (writes change a_t and the normalization).
 * ``recurrent_gate`` ``[batch, seq, lru_width]``: a_t as the scan takes it (a write leaves u_t as computed).
 * ``attention_values`` ``[batch, seq, lru_width]``: u_t, what each token adds to the state.
@@ -328,7 +328,7 @@ class RGLRU(RecurrentMixer):
     # -- the recurrence's inputs ---------------------------------------------------------
 
     lru_input = _lru_value(None, "lru_input", "x_t, the RG-LRU's input after the convolution, [batch, seq, lru_width]")
-    input_gate = _lru_value("INPUT_GATE", "input_gate", "i_t = sigmoid(W_x x_t + b_x), the input gate, [batch, seq, lru_width]")
+    input_gates = _lru_value("INPUT_GATE", "input_gates", "i_t = sigmoid(W_x x_t + b_x), the input gate, [batch, seq, lru_width]")
     recurrence_gate = _lru_value(
         "RECURRENCE_GATE", "recurrence_gate", "r_t = sigmoid(W_a x_t + b_a), the recurrence gate, [batch, seq, lru_width]"
     )

@@ -68,7 +68,7 @@ class RGLRUSuite(CheckpointFixtures):
         entering = []  # a None bound inside the trace would not survive it
         with torch.no_grad(), model.trace(ids):
             x = mix.lru_input.save()
-            i, r, log_a = mix.input_gate.save(), mix.recurrence_gate.save(), mix.decays.save()
+            i, r, log_a = mix.input_gates.save(), mix.recurrence_gate.save(), mix.decays.save()
             a, u = mix.recurrent_gate.save(), mix.attention_values.save()
             entering.append(mix.state_input)
             states = mix.states.save()
@@ -84,7 +84,7 @@ class RGLRUSuite(CheckpointFixtures):
         lru = mix._module.rg_lru
         with torch.no_grad(), model.trace(ids):
             x = mix.lru_input.save()
-            mix.input_gate = torch.zeros_like(mix.input_gate)
+            mix.input_gates = torch.zeros_like(mix.input_gates)
             mix.recurrent_gate = mix.recurrent_gate * 0 + 0.5
             states = mix.states.save()
         assert torch.count_nonzero(states) == 0, "no input written"
@@ -235,7 +235,7 @@ class RGLRUSuite(CheckpointFixtures):
             "range": (lambda: mix.state_after(n), NnterpError, "outside"),
             "later read first": (lambda: (mix.state_after(3), mix.set_state_after(1, good)), OrderError, "increasing order"),
             "argument after the scan": (lambda: (mix.states, setattr(mix, "recurrent_gate", mix.recurrent_gate)), OrderError, "kernel had started"),
-            "gate after the scan": (lambda: (mix.recurrent_gate, mix.input_gate), OrderError, "RG-LRU had computed it"),
+            "gate after the scan": (lambda: (mix.recurrent_gate, mix.input_gates), OrderError, "RG-LRU had computed it"),
             "x after a gate": (lambda: (mix.decays, setattr(mix, "lru_input", mix.decays)), OrderError, "RG-LRU had computed it"),
             "prompt state_input": (lambda: setattr(mix, "state_input", good), NnterpError, "position 0"),
             "prompt conv window": (lambda: setattr(mix, "conv_state_input", torch.zeros(1, 1, 1)), NnterpError, "several-token"),
