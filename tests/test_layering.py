@@ -31,30 +31,13 @@ BOUND_FUNCTIONS = {
         "LightningAttention.states_of",
     },
     "components/mlstm.py": {"MLSTM.pack", "MLSTM.unpack", "MLSTM.set_state_after"},
-    "components/recurrent.py": {
-        "RecurrentMixer._state_buffer", "RecurrentMixer._state_input", "RecurrentMixer._assign_state_input",
-        "RecurrentMixer._read_state_output", "RecurrentMixer._write_state_output", "RecurrentMixer.effective_attention_of",
-        "RecurrentMixer._effective", "RecurrentMixer._token_state_op", "RecurrentMixer._token_op",
-        "RecurrentMixer._iterated_state", "RecurrentMixer._assign_iterated_state", "RecurrentMixer._states",
-        "RecurrentMixer.state_after", "RecurrentMixer.states_of", "RecurrentMixer.set_state_after",
-    },
     "components/short_convolution.py": {"ShortConvolution._states", "ShortConvolution.state_after", "ShortConvolution.set_state_after"},
 }
-#: issue 23: to be emptied. ``{strategy file: {"x._name", ...}}``: private members the strategies read off a mixer.
-PRIVATE_READS = {
-    "recurrent/per_token/boundaries.py": {
-        "mixer._module", "mixer._record", "mixer._serve", "mixer._assign_argument", "mixer._write_state_output", "mixer._decays",
-    },
-    "recurrent/per_token/from_arguments.py": {"mixer._record", "mixer._module", "mixer._read_state_output", "mixer._write_state_output"},
-    "recurrent/per_token/loop.py": {
-        "mixer._module", "mixer._record", "mixer._loop_source", "call.mixer._token_state", "call.mixer._token_ops",
-        "mixer._continue_from", "mixer._continue_op", "mixer._write_state_output", "mixer._token_state",
-    },
-    "recurrent/per_token/protocol.py": {"mixer._record"},
-}
+#: ``{strategy file: {"x._name", ...}}``: private members the strategies read off a mixer (none since the spine).
+PRIVATE_READS: dict[str, set[str]] = {}
 #: issue 23: to be emptied. The nnterp files over `check_layering.MAX_LINES` lines.
 LONG_FILES = {
-    "accessors.py", "components/lightning_attention.py", "components/recurrent.py", "components/rg_lru.py", "components/wkv.py",
+    "accessors.py", "components/lightning_attention.py", "components/rg_lru.py", "components/wkv.py",
     "interventions.py", "rename_utils.py", "standardized.py",
 }
 
