@@ -2,8 +2,8 @@
 
 Given a call's queries, keys, gates and decays, the kernel's output is
 linear in the values it writes: ``o_t = Σ_s A[t, s] v_s`` plus what it reads
-from the state entering the call (``state_input_readout``). `nnterp.fast.effective`
-computes ``A`` from the kernel call's own arguments (by the signature table's
+from the state entering the call (``state_input_readout``). Each kind's file of
+`nnterp.fast` computes ``A`` from the kernel call's own arguments (by the signature table's
 names), per head (a gated DeltaNet, Kimi, Mamba-2) or per channel (Mamba-1), and
 `RecurrentMixer` declares these values and methods (in its own body, so they
 keep their place among its values) for every component with an ``EFFECTIVE`` spec.

@@ -43,8 +43,7 @@ from ..core.dims import Hidden, State, States
 from ..core.errors import InvalidArgument, Unavailable
 from ..core.standard import Standard
 from ..core.values import DerivedEProperty, Key, check_tensor, module_output, replace_in, select_from
-from ..fast.effective import EffectiveSpec
-from ..fast.specs import FastSpec
+from ..fast.spec import EffectiveSpec, FastSpec
 from ..recurrent import arguments
 from ..recurrent.call import KERNEL_RAN, Call
 from ..recurrent.kernels import drill, modeling_of, needs_torch_kernels, original_body, signature_binding
@@ -106,7 +105,7 @@ class RecurrentMixer(Standard):
     ONE_STEP_DECODE: bool = False
     CHUNKED_SCAN: bool = False
     FAST: FastSpec | None = None
-    #: Its effective attention (`nnterp.fast.effective`), from the kernel call's arguments, or ``None``.
+    #: Its effective attention (`nnterp.fast.spec`), from the kernel call's arguments, or ``None``.
     EFFECTIVE: EffectiveSpec | None = None
     CHUNK_ARGUMENTS: arguments.Signature = {}
     RECURRENT_ARGUMENTS: arguments.Signature = {}

@@ -18,7 +18,7 @@ import transformers.models.mamba.modeling_mamba as mamba_modeling
 import transformers.models.mamba2.modeling_mamba2 as mamba2_modeling
 import transformers.models.qwen3_5.modeling_qwen3_5 as qwen_modeling
 
-import nnterp.fast.effective_scan as effective_scan
+import nnterp.fast.scan as effective_scan
 from nnterp.fast import gated_delta_attention, kimi_delta_attention, selective_scan_attention, ssd_attention
 from nnterp.recurrent.kernels import torch_function
 from tests.fast.test_fast_states import delta_inputs

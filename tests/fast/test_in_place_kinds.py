@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nnterp.fast.lightning import lightning_scan, lightning_states
+from nnterp.fast.lightning_attention import lightning_scan, lightning_states
 from nnterp.fast.mlstm import mlstm_one_pass, mlstm_states, mlstm_states_into, stabilizers, unpack
 from tests.reference.lightning import lightning_recurrence
 from tests.reference.mlstm import mlstm

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.models.rwkv.modeling_rwkv import rwkv_linear_attention_cpu as kernel
 
-from nnterp.fast.wkv_states import wkv_one_pass
+from nnterp.fast.wkv import wkv_one_pass
 
 
 @pytest.mark.parametrize("entering", [False, True])
