@@ -39,10 +39,11 @@ transformers' prompt kernel (``mamba_selective_scan``) has no initial state:
 it always starts from zeros. `selective_scan_readout` is what a start state
 ``h_0`` adds to its result, ``silu(z_t) ⊙ Σ_n C_t[n] exp(A ⊙ S_t) h_0`` on the
 output and ``exp(A ⊙ S_last) h_0`` on the final state (the recurrence is
-linear in ``h_0``), which is how a kernel call is continued from a written state (`resume`). The
-failure mode worth knowing: the prompt kernel has no argument to carry a
-written state into the call, so anything continuing a Mamba-1 prompt from a
-state must add this readout itself, or it silently starts from zeros.
+linear in ``h_0``), which is how a kernel call is continued from a written
+state (`resume`). The failure mode worth knowing: the prompt kernel has no
+argument to carry a written state into the call, so anything continuing a
+Mamba-1 prompt from a state must add this readout itself, or it silently
+starts from zeros.
 
 Shapes, tokens first: ``x``, ``dt``, ``z`` ``[batch, seq, channels]``, ``A``
 ``[channels, state_size]``, ``B``, ``C`` ``[batch, seq, state_size]``, ``D``,
