@@ -74,7 +74,7 @@ def test_every_family_times_its_calls_against_the_plain_forward(results):
                 expected |= {"states, fast path", "set_state_after(mid), fast path"}
             assert expected <= set(rows), (name, length)
         assert family["generate"]["rows"]["generate, plain"]["ratio"] == pytest.approx(1.0)
-    assert found["families"]["mamba"]["fast"], "Mamba-1 has a fast path (nnterp.fast.selective)"
+    assert found["families"]["mamba"]["fast"], "Mamba-1 has a fast path (nnterp.fast.selective_scan)"
     assert found["families"]["kimi_delta_attention"]["fast"] and not found["families"]["kimi_delta_attention"]["own"]
 
 

@@ -33,8 +33,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..core.dims import BATCH, KEY_DIM, MIXER_HEADS, SEQ
-from ..fast.effective_delta import KIMI_DELTA_ATTENTION
-from ..fast.specs import KIMI_DELTA
+from ..fast.gated_deltanet import KIMI_EFFECTIVE as KIMI_DELTA_ATTENTION
+from ..fast.gated_deltanet import KIMI_FAST as KIMI_DELTA
 from .linear_attention import LinearAttention
 from .recurrent import kernel_argument
 

@@ -18,7 +18,7 @@ loops over its tokens. So this component does not subclass `RecurrentMixer`
 operations (found in the installed release's source by name, as
 `nnterp.recurrent.labels` does), and serves the state after every token the
 ``FromArguments`` way, computed from the call's own ``q``, ``k``, ``v`` and
-decay by `nnterp.fast.lightning` with the same operations as the decode
+decay by `nnterp.fast.lightning_attention` with the same operations as the decode
 branch. Where a prompt's states are read before its block loop, without
 autograd, in float32 and on one invoke, the loop's products are skipped and
 the outputs computed with the states (`lightning_one_pass`).
@@ -88,7 +88,7 @@ from ..core.dims import ConvState, Gates, Hidden, Queries, State, States, Values
 from ..core.errors import OrderError, SignatureError, Unavailable
 from ..core.standard import Standard
 from ..core.values import DerivedEProperty, check_expected, module_output
-from ..fast.lightning import lightning_attention, lightning_tap_readout
+from ..fast.lightning_attention import lightning_attention, lightning_tap_readout
 from ..recurrent.call import Call, order_hint
 from ..recurrent.gradient_support import gradient_reasons
 from ..recurrent.gradients import fill, recording, tap

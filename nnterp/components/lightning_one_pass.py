@@ -4,7 +4,7 @@ A prompt's forward computes the recurrence itself, block by block (four
 products per block of ``config.block_size`` tokens: the intra-block scores,
 their values, the inter-block readout and the block's write to the state),
 and ``states`` computes every per-token state again from q, k, v and the
-decays (`nnterp.fast.lightning`). Where the states are written in place
+decays (`nnterp.fast.lightning_attention`). Where the states are written in place
 anyway (`lightning_run.in_place`: float32, a fresh prompt, no autograd), the
 one pass also reads each state with its query (`lightning_one_pass`: ``o_t =
 q_t S_t``, a block of states read while still in cache) and skips the four
@@ -40,7 +40,7 @@ from ..core.calls import mediator, pinned
 from ..core.errors import NnterpError
 from ..core.local import LocalDict
 from ..fast.buffers import empty_states
-from ..fast.lightning import lightning_one_pass
+from ..fast.lightning_attention import lightning_one_pass
 from ..recurrent.labels import bindings
 from ..recurrent.per_token.from_arguments import covers_the_batch
 from . import lightning_run as calls

@@ -5,7 +5,7 @@ methods. A call is read at the mixer's input and where its forward splits q, k
 and v (`record`); a write that changes the call (``set_state_after``, a
 written ``decays``) replaces the forward's concatenated output before the
 norm by the recurrence continued from the written values (`rewrite`, with
-`nnterp.fast.lightning`) and writes the continuation's final state into the
+`nnterp.fast.lightning_attention`) and writes the continuation's final state into the
 forward's own final-state tensor, which the cache holds; under autograd an
 exact zero that depends on a served value is added there (`graft`).
 """
@@ -24,7 +24,7 @@ from ..core.calls import mediator, per_call, pinned
 from ..core.errors import OrderError, UnsupportedRelease
 from ..core.local import LocalDict
 from ..fast.buffers import empty_states
-from ..fast.lightning import lightning_scan, lightning_states
+from ..fast.lightning_attention import lightning_scan, lightning_states
 from ..fast.scan import differentiable
 from ..recurrent.call import Call, order_hint, runs_between_writes
 from ..recurrent.kernels import signature, signature_binding

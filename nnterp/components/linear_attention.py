@@ -33,7 +33,7 @@ Values, in the order the forward makes them (all ``[batch, seq, ...]``;
   over ``attention_values`` at ``s``, plus ``state_input_readout`` ``[batch,
   seq, mixer_heads, value_dim]`` (the entering state's part, ``None`` on a
   fresh prompt); ``effective_attention_of(positions=, heads=)`` for some rows
-  and heads (`nnterp.fast.effective`).
+  and heads (`nnterp.fast.gated_deltanet`).
 * ``attention_output`` ``[batch, seq, hidden]``: the mixer's output.
 
 Every value but ``attention_output`` and the conv windows is read at the
@@ -53,8 +53,8 @@ from nnsight.intervention.source import compiled
 from ..core.calls import pinned
 from ..core.dims import Gates, Queries, State, Values
 from ..core.errors import UnsupportedRelease
-from ..fast.effective_delta import GATED_DELTA_ATTENTION
-from ..fast.specs import GATED_DELTA
+from ..fast.gated_deltanet import GATED_EFFECTIVE as GATED_DELTA_ATTENTION
+from ..fast.gated_deltanet import GATED_FAST as GATED_DELTA
 from ..recurrent.arguments import SAME
 from ..recurrent.call import Call
 from ..recurrent.kernels import modeling_of, original_body

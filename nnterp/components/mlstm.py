@@ -71,7 +71,8 @@ from ..core.dims import BATCH, KEY_DIM, MIXER_HEADS, SEQ, STATE_COLUMNS, Gates, 
 from ..core.errors import Unavailable
 from ..core.values import DerivedEProperty, Unwrap, check_expected, replace_in
 from ..fast.buffers import empty_states
-from ..fast.mlstm import MLSTM_ATTENTION, mlstm_states, mlstm_states_into, pack, unpack
+from ..fast.mlstm import EFFECTIVE as MLSTM_ATTENTION
+from ..fast.mlstm import mlstm_states, mlstm_states_into, pack, unpack
 from ..fast.scan import differentiable
 from ..recurrent.arguments import SAME, Layout, kernel_waiting
 from ..recurrent.call import Call

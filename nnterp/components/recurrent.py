@@ -38,8 +38,7 @@ from ..core.dims import BATCH, MIXER_HEADS, SEQ, Hidden, State, States, Values
 from ..core.errors import InvalidArgument, Unavailable
 from ..core.standard import Standard
 from ..core.values import DerivedEProperty, Key, module_output
-from ..fast.effective import EffectiveSpec
-from ..fast.specs import FastSpec
+from ..fast.spec import EffectiveSpec, FastSpec
 from ..recurrent import arguments, per_token
 from ..recurrent.call import Call
 from ..recurrent.gradient_support import gradient_reasons
@@ -89,7 +88,7 @@ class RecurrentMixer(Standard):
     ONE_STEP_DECODE: bool = False
     CHUNKED_SCAN: bool = False
     FAST: FastSpec | None = None
-    #: Its effective attention (`nnterp.fast.effective`), from the kernel call's arguments, or ``None``.
+    #: Its effective attention (`nnterp.fast.spec`), from the kernel call's arguments, or ``None``.
     EFFECTIVE: EffectiveSpec | None = None
     #: Values of this component no gradient reaches, beyond the shared ones (`gradient_support.NEVER`): name -> why.
     GRADIENTLESS: dict[str, str] = {}

@@ -63,7 +63,7 @@ from ..core.calls import mediator, per_call, pinned
 from ..core.dims import BATCH, CONV_CHANNELS, CONV_WINDOW, LRU_WIDTH, SEQ
 from ..core.errors import OrderError, Unavailable, UnsupportedRelease
 from ..core.values import DerivedEProperty, FirstInput, check_expected, check_tensor
-from ..fast.rg_lru import LRU_ATTENTION
+from ..fast.rg_lru import EFFECTIVE as LRU_ATTENTION
 from ..recurrent.arguments import SAME
 from ..recurrent.call import KERNEL_RAN, Call, order_hint
 from ..recurrent.kernels import needs_torch_kernels, signature_binding

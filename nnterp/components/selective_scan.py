@@ -31,7 +31,7 @@ Values, all tokens first (``seq`` is this call's tokens, one on a decode step):
   ``state_after`` / ``states_of`` / ``set_state_after``: the state after every
   token (`RecurrentMixer`); the prompt kernel is itself the token loop, once
   routed; or from the kernel's arguments with ``fast_states(model)``
-  (`nnterp.fast.selective`), where a write splits the kernel call and adds
+  (`nnterp.fast.selective_scan`), where a write splits the kernel call and adds
   the written state's contribution to the second part (the kernel always
   starts from zeros).
 * ``conv_state_input`` / ``conv_state_output`` ``[batch, channels, conv_width]``.
@@ -60,8 +60,8 @@ from ..core.calls import mediator, pinned
 from ..core.dims import BATCH, CHANNELS, SEQ, STATE_SIZE
 from ..core.errors import NnterpError
 from ..core.values import DerivedEProperty
-from ..fast.effective_scan import SCAN_ATTENTION
-from ..fast.specs import SCAN
+from ..fast.selective_scan import EFFECTIVE as SCAN_ATTENTION
+from ..fast.selective_scan import FAST as SCAN
 from ..recurrent.arguments import (
     CHANNELS_FIRST,
     ONE_TOKEN,
@@ -100,7 +100,7 @@ class SelectiveScan(RecurrentMixer):
     #: The forward feeds x (after the convolution) to x_proj as well as to the kernel (`RecurrentMixer.SHARED_ARGUMENTS`).
     SHARED_ARGUMENTS = True
     EFFECTIVE = SCAN_ATTENTION
-    #: The fast path (`nnterp.fast.selective`); the prompt kernel takes no initial state, so writes use ``SCAN.resume``.
+    #: The fast path (`nnterp.fast.selective_scan`); the prompt kernel takes no initial state, so writes use ``SCAN.resume``.
     FAST = SCAN
 
     #: ``mamba_selective_scan(x, dt, A, B, C, D=, z=, delta_bias=, delta_softplus=, ...)``, channel-first.

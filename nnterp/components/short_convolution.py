@@ -79,7 +79,7 @@ from ..core.calls import forget, mediator, per_call
 from ..core.dims import BATCH, CONV_CHANNELS, CONV_WIDTH, SEQ, ConvState
 from ..core.errors import Unavailable
 from ..core.values import DerivedEProperty, check_expected
-from ..fast.short_conv import SHORT_CONV_ATTENTION
+from ..fast.short_convolution import EFFECTIVE as SHORT_CONV_ATTENTION
 from ..recurrent.arguments import CHANNELS_FIRST, SAME
 from ..recurrent.call import Call
 from ..recurrent.gradients import recording

@@ -58,8 +58,8 @@ from torch import Tensor
 
 from ..core.dims import BATCH, HEAD_DIM, KEY_HEADS, MIXER_HEADS, SEQ, STATE_SIZE, Gates
 from ..core.values import DerivedEProperty, check_tensor
-from ..fast.effective_scan import SSD_ATTENTION
-from ..fast.specs import SSD
+from ..fast.state_space import EFFECTIVE as SSD_ATTENTION
+from ..fast.state_space import FAST as SSD
 from ..recurrent.arguments import (
     ONE_TOKEN,
     ONE_TOKEN_PER_HEAD,

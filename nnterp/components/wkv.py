@@ -66,7 +66,7 @@ from ..core.calls import pinned
 from ..core.dims import BATCH, CHANNELS, CONV_CHANNELS, CONV_WIDTH, SEQ, WKV_PARTS
 from ..core.errors import Unavailable
 from ..core.values import DerivedEProperty, Key, check_expected, check_tensor, replace_in
-from ..fast.wkv import WKV_ATTENTION
+from ..fast.wkv import EFFECTIVE as WKV_ATTENTION
 from ..recurrent.arguments import SAME, kernel_waiting
 from ..recurrent.call import Call
 from ..recurrent.gradients import graft, recording

@@ -5,7 +5,7 @@ tokens, so reading its state after every token inside that loop
 (`nnterp.recurrent.per_token.loop.TokenLoop`) costs one hook per token, and
 computing the states again from the call's arguments would run the loop
 twice. Where the call would run that loop anyway, `every_state` runs the
-kernel's own equations once (`nnterp.fast.wkv_states.wkv_one_pass`), writing
+kernel's own equations once (`nnterp.fast.wkv.wkv_one_pass`), writing
 every state into one buffer, and skips the kernel call with its return
 ``(output, [num, den, max])``, as the fast path does for the delta rules and
 Mamba (`nnterp.recurrent.per_token.from_arguments.FromArguments._one_pass`).
@@ -32,7 +32,7 @@ import torch
 from ..core.calls import mediator
 from ..core.errors import OrderError
 from ..fast.buffers import empty_states
-from ..fast.wkv_states import wkv_one_pass
+from ..fast.wkv import wkv_one_pass
 from ..recurrent.call import order_hint
 from ..recurrent.gradients import recording
 from ..recurrent.kernels import bound, modeling_of, original_body, runs_pure_torch, torch_function

@@ -6,24 +6,36 @@ Mamba-2, by a chunk size of one (quadratic in length). This package
 computes the same states from the arguments of the prompt's kernel call, at
 about the cost of that call plus writing the states once (and, with
 ``output=True`` / a spec's ``one_pass``, the call's own output alongside, so
-the call itself can be skipped):
+the call itself can be skipped).
 
-* `gated_delta_states` / `kimi_delta_states`: the gated delta rule (a decay
-  per head, or per key channel), chunkwise in the WY/UT form, with a loop
-  over chunks only;
-* `ssd_states`: Mamba-2's state space duality, linear in length;
-* `selective_scan_states`: Mamba-1's selective scan (a decay per channel and
-  state entry), token by token (chunked under autograd); `selective_scan_output`:
-  its output with the states, in one pass; `selective_scan_readout`: what a start state adds to
-  a scan that started from zeros (Mamba-1's prompt kernel takes none);
-* `FastSpec` (``GATED_DELTA``, ``KIMI_DELTA``, ``SSD``, ``SCAN``): what a component's
-  fast path computes from its kernel call, by its signature table's names;
-* `gated_delta_attention`, `kimi_delta_attention`, `ssd_attention`,
-  `selective_scan_attention` (`effective`): the exact effective attention
-  ``A[t, s]`` with which a kernel's output is a sum over the values it is
-  fed, from the same arguments (``EffectiveSpec``: by the table's names);
-* `empty_cache` / `cached_bytes`: release / count the state buffers kept for reuse
-  (`buffers`: by default at most what the last read needed).
+One file per kind, each with the same functions of a call's ``arguments``
+(`spec`: ``states``, ``one_pass``, ``state_shape``, ``effective_attention``)
+and its specs (``FAST``: a `FastSpec`; ``EFFECTIVE``: an `EffectiveSpec`),
+beside the explicit-argument functions they call:
+
+* `gated_deltanet`: the delta rule, a decay per head (`gated_delta_states`,
+  `gated_delta_attention`) or per key channel (Kimi: `kimi_delta_states`,
+  `kimi_delta_attention`), chunkwise in the WY/UT form;
+* `state_space`: Mamba-2's state space duality (`ssd_states`, `ssd_attention`),
+  linear in length;
+* `selective_scan`: Mamba-1's selective scan (`selective_scan_states`,
+  `selective_scan_output`: its output with the states in one pass;
+  `selective_scan_readout`: what a start state adds to a scan that started
+  from zeros, as Mamba-1's prompt kernel does; `selective_scan_attention`);
+* `lightning_attention` (MiniMax), `mlstm` (xLSTM), `rg_lru` (RecurrentGemma),
+  `wkv` (RWKV-4), `short_convolution` (LFM2);
+
+and what they share: `scan` (writing a decayed sum of rank-one writes, and
+reading it as attention), `buffers` (`empty_states`, `empty_cache` /
+`cached_bytes`: the state buffers kept for reuse, by default at most what the
+last read needed), `step` (Mamba's Δ), `spec` (the spec types, `indices`,
+`expand_groups`).
+
+The package-level names of the four specs the components use:
+``GATED_DELTA``, ``KIMI_DELTA``, ``SSD``, ``SCAN`` (fast paths) and
+``GATED_DELTA_ATTENTION``, ``KIMI_DELTA_ATTENTION``, ``SSD_ATTENTION``,
+``SCAN_ATTENTION`` (effective attention); the other kinds' as
+``nnterp.fast.<kind>.FAST`` / ``.EFFECTIVE``.
 
 ``nnterp.fast_states(model)`` opts a model's mixers in (the strategy is
 `nnterp.recurrent.per_token.from_arguments`). All states are float32,
@@ -31,13 +43,23 @@ the call itself can be skipped):
 """
 
 from .buffers import cached_bytes, empty_cache, empty_states
-from .delta import gated_delta_states, kimi_delta_states
-from .effective import EffectiveSpec
-from .effective_delta import GATED_DELTA_ATTENTION, KIMI_DELTA_ATTENTION, gated_delta_attention, kimi_delta_attention
-from .effective_scan import SCAN_ATTENTION, SSD_ATTENTION, selective_scan_attention, ssd_attention
-from .selective import selective_scan_output, selective_scan_readout, selective_scan_states
-from .specs import GATED_DELTA, KIMI_DELTA, SCAN, SSD, FastSpec
-from .ssd import ssd_states
+from .gated_deltanet import GATED_EFFECTIVE as GATED_DELTA_ATTENTION
+from .gated_deltanet import GATED_FAST as GATED_DELTA
+from .gated_deltanet import KIMI_EFFECTIVE as KIMI_DELTA_ATTENTION
+from .gated_deltanet import KIMI_FAST as KIMI_DELTA
+from .gated_deltanet import gated_delta_attention, gated_delta_states, kimi_delta_attention, kimi_delta_states
+from .selective_scan import EFFECTIVE as SCAN_ATTENTION
+from .selective_scan import FAST as SCAN
+from .selective_scan import (
+    selective_scan_attention,
+    selective_scan_output,
+    selective_scan_readout,
+    selective_scan_states,
+)
+from .spec import EffectiveSpec, FastSpec
+from .state_space import EFFECTIVE as SSD_ATTENTION
+from .state_space import FAST as SSD
+from .state_space import ssd_attention, ssd_states
 
 __all__ = [
     "gated_delta_states",
@@ -64,4 +86,3 @@ __all__ = [
     "empty_cache",
     "cached_bytes",
 ]
-

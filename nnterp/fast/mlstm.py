@@ -27,7 +27,21 @@ rank-one update of ``[C | n]`` by ``(exp(ĩ_t - m_t) k_t) ⊗ [v_t, 1]``,
 float32 rounding (the input gate multiplies ``k`` before the outer product, not
 after). `mlstm_one_pass` also reads each state as it is written, the
 backend's output, so a call whose states are read need not run the backend.
+`mlstm_attention` is the exact effective attention: given the gates and the
+denominators, ``h`` is linear in the values.
 
+Shapes, tokens first: ``q``, ``k`` ``[batch, seq, heads, key_dim]``, ``v``
+``[batch, seq, heads, value_dim]``, ``igate``, ``fgate`` ``[batch, seq,
+heads]`` (pre-activations), a packed state ``[batch, heads, key_dim,
+value_dim + 2]``; the backend's own layout is heads first.
+
+The failure mode worth knowing: ``m`` is not unique (any ``m`` serves, ``C``
+and ``n`` being scaled by the same ``exp(-m)`` they are written with), so two
+correct packed states of one prompt may differ entry by entry; compare them
+unscaled (``C exp(m)``), or compare the outputs they give.
+
+By the backend call's names (`nnterp.fast.spec`): `states`, `one_pass`,
+`state_shape`, `effective_attention`; the specs ``FAST``, ``EFFECTIVE``.
 Pure torch: this file knows nothing of nnsight or of the components.
 """
 
@@ -37,8 +51,8 @@ import torch
 import torch.nn.functional as F
 
 from .buffers import empty_states
-from .effective import EffectiveSpec, Selection, indices
 from .scan import differentiable, read_block, step_states
+from .spec import EffectiveSpec, FastSpec, Selection, indices
 
 
 def pack(c: torch.Tensor, n: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -273,9 +287,44 @@ def mlstm_attention(
     return (weights / denominator[..., None] if coefficients else None), readout
 
 
-def _attention(a: dict, positions: Selection, heads: Selection, coefficients: bool) -> tuple:
+# -- by the backend call's names (`nnterp.fast.spec`) -------------------------------------
+
+
+def states(arguments: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The packed state after every token: in place without autograd (`mlstm_states_into`, into ``out``), else the
+    token loop's (`mlstm_states`)."""
+    a = arguments
+    k, v, i, f, state = a["k"], a["v"], a["igate"], a["fgate"], a.get("state")
+    if differentiable(k, v, i, f, state):
+        return mlstm_states(a["q"], k, v, i, f, state)
+    return mlstm_states_into(k, v, i, f, state, out)
+
+
+def one_pass(arguments: dict, out: torch.Tensor) -> tuple | None:
+    """The backend's return ``(h, (C, n, m))`` with the states (`mlstm_one_pass`); ``None`` off float32.
+
+    ``arguments["eps"]`` is the backend's ``config.eps`` (the backend call does not carry it; 1e-6, xLSTM's default).
+    """
+    a = arguments
+    inputs = (a["q"], a["k"], a["v"], a["igate"], a["fgate"], a.get("state"))
+    if any(x is not None and x.dtype != torch.float32 for x in inputs):
+        return None
+    return mlstm_one_pass(*inputs, out, eps=a.get("eps", 1e-6)), out
+
+
+def state_shape(arguments: dict) -> tuple:
+    """``(batch, heads, key_dim, value_dim + 2)``: the packed state."""
+    k, v = arguments["k"], arguments["v"]
+    return (k.shape[0], k.shape[2], k.shape[3], v.shape[3] + 2)
+
+
+def effective_attention(arguments: dict, positions: Selection, heads: Selection, coefficients: bool) -> tuple:
+    """`mlstm_attention` of a served call's arguments."""
+    a = arguments
     return mlstm_attention(a["q"], a["k"], a["igate"], a["fgate"], a.get("state"), positions, heads, coefficients)
 
 
+#: The mLSTM backend's call (xLSTM): its chunkwise kernel, and its one-step kernel on a decode step.
+FAST = FastSpec("mLSTM", states, ("q", "k", "v", "igate", "fgate"), state_shape, one_pass=one_pass)
 #: The mLSTM backend's call (xLSTM), by `nnterp.components.mlstm.MLSTM`'s signature table's names.
-MLSTM_ATTENTION = EffectiveSpec("mLSTM", _attention, "heads")
+EFFECTIVE = EffectiveSpec("mLSTM", effective_attention, "heads")

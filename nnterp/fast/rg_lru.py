@@ -1,8 +1,26 @@
-"""The RG-LRU's effective attention (RecurrentGemma): its scan's output as an exact sum over the inputs it adds.
+"""The RG-LRU's scan (RecurrentGemma, Griffin arXiv:2402.19427): the state after every token and the effective attention.
 
-The scan adds ``u_t`` to a state it decays by ``ã_t`` (``a_t``, or 0 at a
-reset), ``h_t = ã_t h_{t-1} + u_t``, and outputs ``y_t = h_t``; so ``y_t =
-Σ_{s≤t} (∏_{s<j≤t} ã_j) u_s + (∏_{j≤t} ã_j) h_in``, per channel.
+The RG-LRU's method ``_rnn_scan(hidden_states=x, recurrent_gate=a, reset=,
+recurrent_states=h_in)`` adds ``x_t`` (the normalized, gated input
+``sqrt(1 - a_t²) i_t ⊙ x_t`` the layer computed) to a state it decays by
+``ã_t = a_t ⊙ ¬reset_t`` (0 at a reset: position 0 of a sequence):
+
+    h_t = ã_t h_{t-1} + x_t,        y_t = h_t
+
+so ``y_t = Σ_{s≤t} (∏_{s<j≤t} ã_j) x_s + (∏_{j≤t} ã_j) h_in``, per channel.
+Shapes, tokens first: ``x``, ``a`` ``[batch, seq, lru_width]``, ``reset``
+``[batch, seq, 1]`` (bool), a state ``[batch, lru_width]``; the scan
+accumulates in float32 and returns its outputs in ``x``'s dtype.
+
+`lru_states` runs the scan's own operations (the gate masked by the reset,
+cast to float32, times the state, plus the input in float32), so its states
+equal the scan's bit for bit; `effective_attention` gives ``A[c, t, s] =
+∏_{s<j≤t} ã_j[c]`` as products, never a difference of log sums. The failure
+mode worth knowing: ``ã`` is exactly 0 at a reset, so its log is ``-inf``; a
+log-space formula would read ``-inf - (-inf)`` as NaN there.
+
+By the scan method's names (`nnterp.fast.spec`): `states`, `state_shape`,
+`effective_attention`; the specs ``FAST``, ``EFFECTIVE``.
 """
 
 from __future__ import annotations
@@ -11,16 +29,56 @@ from typing import Any
 
 import torch
 
-from .effective import EffectiveSpec, indices
+from .buffers import empty_states
+from .scan import differentiable
+from .spec import EffectiveSpec, FastSpec, indices
 
 
-def lru_attention(a: dict, positions: Any, channels: Any, coefficients: bool) -> tuple:
+def lru_states(
+    x: torch.Tensor, a: torch.Tensor, reset: torch.Tensor, initial_state: torch.Tensor | None = None, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The state after every token, ``[batch, seq, lru_width]`` float32, by ``_rnn_scan``'s operations.
+
+    Without autograd written into ``out`` (`empty_states` when ``None``); under
+    it stacked (in-place writes into a buffer the graph keeps would break it).
+    """
+    gate = a * ~reset
+    h = x.new_zeros(x[:, 0].shape, dtype=torch.float32) if initial_state is None else initial_state.float()
+    if differentiable(x, a, initial_state):
+        found = []
+        for t in range(x.shape[1]):
+            h = gate[:, t].type(torch.float32) * h + x[:, t].type(torch.float32)
+            found.append(h)
+        return torch.stack(found, 1)
+    if out is None:
+        out = empty_states(x.shape, x.device)
+    for t in range(x.shape[1]):
+        torch.mul(gate[:, t].type(torch.float32), h, out=out[:, t])
+        h = out[:, t].add_(x[:, t].type(torch.float32))
+    return out
+
+
+def states(arguments: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`lru_states` of a served call's arguments."""
+    a = arguments
+    state = a.get("state")
+    return lru_states(a["x"], a["a"], a["reset"], state if isinstance(state, torch.Tensor) else None, out)
+
+
+def state_shape(arguments: dict) -> tuple:
+    """``(batch, lru_width)``."""
+    x = arguments["x"]
+    return (x.shape[0], x.shape[2])
+
+
+def effective_attention(arguments: dict, positions: Any, channels: Any, coefficients: bool) -> tuple:
     """``(A [batch, channels, positions, seq], readout [batch, positions, channels] or None)`` of one scan call.
 
     ``A[c, t, s] = ∏_{s<j≤t} ã_j[c]`` (1 on the diagonal, 0 above it), with
     ``ã = a`` masked by the reset as the scan masks it; products, never a
     difference of log sums (ã is exactly 0 at a reset).
     """
+    a = arguments
     gate = (a["a"] * ~a["reset"]).float()
     seq, width = gate.shape[1], gate.shape[2]
     chosen = indices(channels, width, "channels").to(gate.device)
@@ -41,5 +99,7 @@ def lru_attention(a: dict, positions: Any, channels: Any, coefficients: bool) ->
     return out, readout
 
 
-
-LRU_ATTENTION = EffectiveSpec("rg-lru scan", lru_attention, "channels")
+#: RecurrentGemma's ``_rnn_scan``, prompt and decode step alike.
+FAST = FastSpec("rg-lru scan", states, ("x", "a", "reset"), state_shape)
+#: RecurrentGemma's ``_rnn_scan``, prompt and decode step alike.
+EFFECTIVE = EffectiveSpec("rg-lru scan", effective_attention, "channels")

@@ -24,11 +24,20 @@ a buffer the graph keeps would break it) it writes ``f`` tokens at a time by
 the closed form above: one broadcast multiply for the first term, one batched
 matmul (``[rows, f] @ [f, cols]`` per token and head) for the second, then the
 run's last state starts the next run.
+
+The same recurrence read as attention (`scan_attention`): where the writes do
+not depend on the state (Mamba-2's SSD, a decay per head; Mamba-1's selective
+scan, a decay per channel and state entry), the output
+``Σ_n C_t[n] S_t[:, n]`` is ``Σ_s A[t, s] x_s`` with ``A[t, s] = Σ_n C_t[n]
+B_s[n] exp(Σ_{s<j≤t} g_j[n]) Δ_s`` (plus the skip on the diagonal and the
+gate), computed in blocks of rows and of heads or channels.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .spec import indices
 
 #: Tokens per run (``f``) under autograd.
 FILL = 4
@@ -36,6 +45,10 @@ FILL = 4
 BLOCK = 64
 #: Bytes of states read out by one matmul (`step_states` with ``read``): a block of tokens still in cache.
 READ_BYTES = 4 * 2**20
+#: Elements a temporary block of `scan_attention` may hold (float32: 64 MiB).
+BLOCK_ELEMENTS = 1 << 24
+#: Rows of ``A`` `scan_attention` computes at once.
+ROWS = 64
 
 
 def fill_states(out: torch.Tensor, first: int, start: torch.Tensor, g: torch.Tensor, a: torch.Tensor, b: torch.Tensor, fill: int | None = None) -> None:
@@ -166,3 +179,71 @@ def _fill_block(out, first, start, g, a, b, fill):
             product = torch.bmm(left[row, run, :length].reshape(-1, rows, fill), right[row, run, :length].reshape(-1, fill, cols))
             target[row].copy_(decayed + product.view(decayed.shape))
         start = out[:, at + length - 1].clone()
+
+
+def scan_attention(log_decay, B, C, step, skip, gate, state, positions, coefficients=True):
+    """``A [b, u, rows, seq]`` of a scan whose state is written without reading it.
+
+    ``log_decay [b, seq, u, 1 | n]``, ``B, C [b, seq, u | 1, n]``, ``step
+    [b, seq, u]`` (the write's Δ), ``skip [u]``, ``gate [b, seq, u]``, ``state
+    [b, u, p, n]``. Blocks of ``ROWS`` rows and of units ``u`` keep every
+    temporary under `BLOCK_ELEMENTS`.
+    """
+    batch, seq, units, width = log_decay.shape
+    size = B.shape[-1]
+    rows = indices(positions, seq, "positions")
+    readout = None
+    if state is not None:
+        total = log_decay.cumsum(dim=1)  # Σ_{j≤t}: the entering state's decay
+        Ct = C.expand(-1, -1, units, -1) * total.exp()  # [b, seq, u, n]
+        picked = rows.to(step.device)
+        readout = torch.einsum("btun,bupn->btup", Ct.index_select(1, picked), state)
+        if gate is not None:
+            readout = readout * gate.index_select(1, picked)[..., None]
+    if not coefficients:
+        return None, readout
+    per_unit = batch * max(seq * size, ROWS * ROWS * max(width, size))
+    unit_block = max(1, BLOCK_ELEMENTS // per_unit)
+    out = step.new_zeros(batch, units, rows.numel(), seq)
+    for first in range(0, seq, ROWS):
+        lo, hi = first, min(seq, first + ROWS)
+        here = ((rows >= lo) & (rows < hi)).nonzero().flatten()
+        if not here.numel():
+            continue
+        local, at = (rows[here] - lo).to(step.device), here.to(step.device)
+        for u0 in range(0, units, unit_block):
+            u1 = min(units, u0 + unit_block)
+            block = _scan_rows(log_decay[:, :, u0:u1], _units(B, u0, u1), _units(C, u0, u1), step[:, :, u0:u1], lo, hi)
+            if skip is not None:
+                diagonal = torch.arange(lo, hi, device=step.device)
+                block[:, :, torch.arange(hi - lo, device=step.device), diagonal] += skip[u0:u1, None]
+            if gate is not None:
+                block = block * gate[:, lo:hi, u0:u1].permute(0, 2, 1)[..., None]
+            out[:, u0:u1, at, :hi] = block.index_select(2, local)
+    return out, readout
+
+
+def _units(x: torch.Tensor, u0: int, u1: int) -> torch.Tensor:
+    return x if x.shape[2] == 1 else x[:, :, u0:u1]
+
+
+def _scan_rows(log_decay, B, C, step, lo, hi):
+    """Rows ``lo .. hi − 1`` of ``A`` over columns ``0 .. hi − 1``: ``[b, u, hi − lo, hi]``."""
+    units = log_decay.shape[2]
+    inside = log_decay[:, lo:hi]
+    local = inside.cumsum(dim=1)  # Σ_{lo≤j≤t}, [b, L, u, m]
+    length = hi - lo
+    block = step.new_zeros(B.shape[0], units, length, hi)
+    if lo:
+        # Columns s < lo: Σ_{s<j≤t} = Σ_{lo≤j≤t} + Σ_{s<j<lo}, both ≤ 0, so the exponential factorizes.
+        before = log_decay[:, :lo]
+        suffix = before.flip(1).cumsum(1).flip(1)  # Σ_{s≤j<lo}
+        after = torch.cat([suffix[:, 1:], torch.zeros_like(suffix[:, :1])], dim=1)  # Σ_{s<j<lo}
+        reads = C[:, lo:hi] * local.exp()  # [b, L, u, n]
+        writes = B[:, :lo] * after.exp() * step[:, :lo, :, None]  # [b, lo, u, n]
+        block[..., :lo] = torch.einsum("btun,bsun->buts", reads.expand(-1, -1, units, -1), writes.expand(-1, -1, units, -1))
+    causal = torch.ones(length, length, dtype=torch.bool, device=step.device).tril()
+    exponent = (local[:, :, None] - local[:, None, :]).masked_fill(~causal[None, :, :, None, None], float("-inf"))  # [b, t, s, u, m]
+    weights = exponent.exp() * C[:, lo:hi, None] * B[:, None, lo:hi]  # [b, t, s, u, n]
+    block[..., lo:hi] = weights.sum(-1).permute(0, 3, 1, 2) * step[:, lo:hi].permute(0, 2, 1)[:, :, None, :]
+    return block

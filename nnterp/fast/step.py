@@ -1,8 +1,10 @@
 """The step size Δ of the Mamba scans, written once: ``clamp(softplus(dt + dt_bias), limit)``.
 
 Computed in ``dt``'s own dtype, as transformers' kernels compute it (a
-bfloat16 model rounds Δ there); callers cast the result as they need. The
+bfloat16 model rounds Δ there); callers cast the result as they need
+(`time_step`: then float32, as the effective attentions take it). The
 prompt kernels clamp to ``dt_limit``; the decode kernels do not (``limit=None``).
+Shared by Mamba-2 (`state_space`) and Mamba-1 (`selective_scan`).
 """
 
 from __future__ import annotations
@@ -17,3 +19,8 @@ def step_size(dt: torch.Tensor, bias: torch.Tensor | None, softplus: bool, limit
     if softplus:
         step = F.softplus(step)
     return torch.clamp(step, min=limit[0], max=limit[1]) if limit is not None else step
+
+
+def time_step(dt: torch.Tensor, dt_bias: torch.Tensor | None, dt_softplus: bool, dt_limit: tuple | None) -> torch.Tensor:
+    """Δ as the kernels compute it, in ``dt``'s dtype, then float32: ``clamp(softplus(dt + dt_bias), dt_limit)``."""
+    return step_size(dt, dt_bias, dt_softplus, dt_limit).float()

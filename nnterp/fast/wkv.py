@@ -1,24 +1,53 @@
-"""RWKV-4's WKV as an exact attention over its values, from the kernel call's arguments.
+"""RWKV-4's WKV: its output and the state after every token in one loop, and its exact effective attention.
 
-Per channel, the kernel's output at ``t`` is a weighted average of the values
-(Peng et al., 2023, arXiv:2305.13048), so with everything but the values fixed
-it is exactly an attention pattern, one per channel, plus the part read from
-the state entering the call:
+Per channel (Peng et al., 2023, arXiv:2305.13048), with ``k_t`` the key,
+``v_t`` the value, ``u = time_first``, ``w = -exp(time_decay)`` the log decay
+per token (``< 0``) and the state ``(a, b, p)`` (the numerator and
+denominator scaled by ``e^{-p}``, ``p`` the running maximum of the exponents):
+
+    q = max(p, u + k_t)
+    y_t = (e^{p-q} a + e^{u+k_t-q} v_t) / (e^{p-q} b + e^{u+k_t-q})      the output
+    p' = max(p + w, k_t)
+    a' = e^{p+w-p'} a + e^{k_t-p'} v_t,   b' = e^{p+w-p'} b + e^{k_t-p'}  the state after t
+
+Shapes, tokens first: ``k``, ``v`` ``[batch, seq, channels]``;
+``time_decay``, ``time_first`` ``[channels]``; a state is the kernel's
+``(num, den, max)`` triple of ``[batch, channels]`` tensors (``None``: the
+kernel's own start ``(0, 0, -1e38)``, `EMPTY_MAX`); the states nnterp serves
+stack it on axis 2, ``[batch, seq, 3, channels]`` float32 (index 0 the scaled
+numerator, 1 the denominator, 2 the maximum).
+
+States and output (`wkv_one_pass`): transformers' ``rwkv_linear_attention_cpu``
+loops over tokens and keeps only the last state; this runs the same equations
+and writes every token's state in place into one buffer, so a read of the
+states costs no second loop. The pair ``(a, b)`` is updated as one tensor
+against the pair ``(v_t, 1)`` (the kernel's products and sums in its order, so
+its results bit for bit on float32 inputs, in half the calls).
+
+Effective attention (`wkv_attention`). The output is a weighted average of
+the values, so with everything but the values fixed it is exactly an
+attention pattern, one per channel, plus the part read from the state
+entering the call:
 
     wkv_t = Σ_{s ≤ t} A[t, s] v_s + readout_t
-    A[t, s] = e^{k_s + (t-1-s) d} / den_t  (s < t),   A[t, t] = e^{u + k_t} / den_t
-    den_t = Σ_{s<t} e^{k_s + (t-1-s) d} + e^{u + k_t} + b_0 e^{p_0 + t d}
-    readout_t = a_0 e^{p_0 + t d} / den_t
+    A[t, s] = e^{k_s + (t-1-s) w} / den_t  (s < t),   A[t, t] = e^{u + k_t} / den_t
+    den_t = Σ_{s<t} e^{k_s + (t-1-s) w} + e^{u + k_t} + b_0 e^{p_0 + t w}
+    readout_t = a_0 e^{p_0 + t w} / den_t
 
-with ``d = -exp(time_decay)`` the log decay per token (``< 0``), ``u =
-time_first`` and ``(a_0, b_0, p_0)`` the entering state's scaled numerator,
-denominator and maximum. Every row is scaled by its largest exponent before
-the exponential, as the kernel scales its sums. Each row of ``A`` sums to one
-less the entering state's share: it is an average.
-
+with ``(a_0, b_0, p_0)`` the entering state. Every row is scaled by its
+largest exponent before the exponential, as the kernel scales its sums. Each
+row of ``A`` sums to one less the entering state's share: it is an average.
 Memory: ``4 · batch · channels · positions · seq`` bytes (``positions=`` and
-``channels=`` keep it bounded). Pure torch: imports nothing from nnterp but
-``nnterp.fast``.
+``channels=`` keep it bounded).
+
+The failure mode worth knowing: the scaled state means nothing without its
+maximum ``p``. A fresh state's ``p`` is ``-1e38`` in the kernel alone but
+``-1e30`` in transformers' model, and a state whose denominator is all zero
+has absorbed nothing (its effective readout is none, whatever ``p`` says).
+
+By the signature table's names (`nnterp.fast.spec`): `states`, `one_pass`,
+`state_shape`, `effective_attention`; the specs ``FAST``, ``EFFECTIVE``.
+Pure torch: imports nothing from nnterp but ``nnterp.fast``.
 """
 
 from __future__ import annotations
@@ -27,7 +56,63 @@ from typing import Any
 
 import torch
 
-from .effective import EffectiveSpec, Selection, indices
+from .buffers import empty_states
+from .scan import differentiable
+from .spec import EffectiveSpec, FastSpec, Selection, indices
+
+#: The kernel's maximum before any token (``rwkv_linear_attention_cpu``'s ``- 1e38``).
+EMPTY_MAX = -1e38
+
+
+def wkv_one_pass(
+    time_decay: torch.Tensor,
+    time_first: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    state: tuple | list | None,
+    out: torch.Tensor,
+    return_state: bool = False,
+) -> tuple[torch.Tensor, list | None]:
+    """The kernel's return ``(output [batch, seq, channels], [num, den, max] or None)``, every state written into ``out``.
+
+    The final state is returned (as copies, as the kernel returns fresh
+    tensors) when ``return_state`` or an entering ``state`` is given, as
+    transformers' kernel does; ``out[:, t]`` is the state after token ``t``.
+    Float32 inputs; no autograd (``out`` is written in place).
+    """
+    batch, seq, channels = k.shape
+    # Per token, [batch, 1, channels] (the maximum, the keys) against [batch, 2, channels] (the pairs): views made
+    # once, so the loop makes only the kernel's arithmetic calls.
+    keys = k.float()[:, :, None]
+    bonus_keys = keys + time_first  # u + k_t, every token at once
+    decay = -torch.exp(time_decay)
+    pairs = torch.empty((batch, seq, 2, channels), dtype=v.dtype, device=v.device)
+    pairs[:, :, 0] = v
+    pairs[:, :, 1] = 1
+    reads = torch.empty_like(pairs)  # (numerator, denominator) of each token's output, divided once at the end
+    if state is None:
+        pair = torch.zeros((batch, 2, channels), dtype=torch.float32, device=k.device)
+        top = torch.full((batch, 1, channels), EMPTY_MAX, dtype=torch.float32, device=k.device)
+    else:
+        pair = torch.stack((state[0], state[1]), 1)
+        top = state[2][:, None]
+    steps = zip(keys.unbind(1), bonus_keys.unbind(1), pairs.unbind(1), reads.unbind(1), out[:, :, :2].unbind(1), out[:, :, 2:].unbind(1))
+    for key, bonus_key, current, read, new_pair, new_top in steps:
+        # The readout: the state before t plus the current token with its bonus.
+        peak = torch.maximum(top, bonus_key)
+        torch.mul(pair, torch.exp(top - peak), out=read)
+        read += current * torch.exp(bonus_key - peak)
+        # The update, written where the state after t is kept.
+        decayed = top + decay
+        torch.maximum(decayed, key, out=new_top)
+        torch.mul(pair, torch.exp(decayed - new_top), out=new_pair)
+        new_pair += current * torch.exp(key - new_top)
+        pair, top = new_pair, new_top
+    output = torch.div(reads[:, :, 0], reads[:, :, 1]).to(k.dtype)
+    final = None
+    if return_state or state is not None:
+        final = [out[:, -1, 0].clone(), out[:, -1, 1].clone(), out[:, -1, 2].clone()] if seq else [*pair.unbind(1), top[:, 0]]
+    return output, final
 
 
 def wkv_attention(
@@ -80,14 +165,46 @@ def wkv_attention(
     return (weights / total[..., None] if coefficients else None), readout
 
 
-def _wkv(a: dict, positions: Any, channels: Any, coefficients: bool) -> tuple:
+# -- by the signature table's names (`nnterp.fast.spec`) ---------------------------------
+
+
+def states(arguments: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The state after every token, ``[batch, seq, 3, channels]`` float32, by the kernel's loop (`wkv_one_pass`); no autograd."""
+    a = arguments
+    k = a["k"]
+    if differentiable(a["time_decay"], a["time_first"], k, a["v"], *(a.get("state") or ())):
+        raise ValueError("the WKV's states are written in place (wkv_one_pass): under autograd read them through the model's token loop")
+    if out is None:
+        out = empty_states((k.shape[0], k.shape[1], 3, k.shape[2]), k.device)
+    wkv_one_pass(a["time_decay"], a["time_first"], k, a["v"], a.get("state"), out)
+    return out
+
+
+def one_pass(arguments: dict, out: torch.Tensor) -> tuple | None:
+    """The kernel's return ``(output, [num, den, max] or None)`` with the states; ``None`` off float32."""
+    a = arguments
+    inputs = (a["time_decay"], a["time_first"], a["k"], a["v"], *(a.get("state") or ()))
+    if any(x.dtype != torch.float32 for x in inputs):
+        return None
+    return wkv_one_pass(a["time_decay"], a["time_first"], a["k"], a["v"], a.get("state"), out, bool(a.get("return_state"))), out
+
+
+def state_shape(arguments: dict) -> tuple:
+    """``(batch, 3, channels)``."""
+    k = arguments["k"]
+    return (k.shape[0], 3, k.shape[2])
+
+
+def effective_attention(arguments: dict, positions: Any, channels: Any, coefficients: bool) -> tuple:
+    """`wkv_attention` of a served call's arguments."""
+    a = arguments
     state = a.get("state")
     if state is not None and bool((state[1] == 0).all()):
         state = None  # a fresh state (nothing absorbed) reads nothing
     return wkv_attention(a["time_decay"], a["time_first"], a["k"], state, positions, channels, coefficients)
 
 
+#: transformers' ``rwkv_linear_attention`` (RWKV-4): its CPU loop, prompt and decode step alike.
+FAST = FastSpec("WKV", states, ("k", "v"), state_shape, one_pass=one_pass)
 #: transformers' ``rwkv_linear_attention`` (RWKV-4), prompt and decode step alike.
-WKV_ATTENTION = EffectiveSpec("WKV", _wkv, "channels")
-
-__all__ = ["wkv_attention", "WKV_ATTENTION"]
+EFFECTIVE = EffectiveSpec("WKV", effective_attention, "channels")

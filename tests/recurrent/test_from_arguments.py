@@ -352,7 +352,7 @@ def test_every_family_set_state_after_continues_like_a_replaced_cache(loaded, mo
 
 @pytest.mark.parametrize("model_type", FAST)
 def test_every_family_in_bfloat16_states_equal_the_spec_path_and_the_cache(checkpoint, model_type):
-    # Mamba-2's chunk scan rounds its time step to the model's dtype; the fast path rounds it alike (nnterp.fast.ssd).
+    # Mamba-2's chunk scan rounds its time step to the model's dtype; the fast path rounds it alike (nnterp.fast.state_space).
     model = StandardizedTransformer(str(checkpoint(model_type)), dispatch=True, device="cpu", dtype=torch.bfloat16)
     assert next(model._module.parameters()).dtype == torch.bfloat16
     ids = model.tokenizer(LONG, return_tensors="pt").input_ids

@@ -31,13 +31,13 @@ and:
   rows of its output are replaced instead. A kernel that takes no initial
   state (Mamba-1's, which always starts from zeros) runs the second part from
   zeros, and the spec's ``resume`` adds what ``value`` contributes (exact: the
-  recurrence is linear in its start state, `nnterp.fast.selective`).
+  recurrence is linear in its start state, `nnterp.fast.selective_scan`).
 
 On a one-token decode step, ``states`` is the step's new state
 (``state_output``) and ``set_state_after(0, v)`` replaces it.
 
 Differences from the routed path, all deliberate: states equal it within
-float32 rounding, not bit for bit, in a bfloat16 model too (`nnterp.fast.ssd`:
+float32 rounding, not bit for bit, in a bfloat16 model too (`nnterp.fast.state_space`:
 Mamba-2's time step is rounded as the kernel rounds it); under autograd they
 are a function of the kernel's arguments (a loss on them reaches the
 arguments), but the kernel never reads them, so a loss on the model's output

@@ -10,23 +10,38 @@ Per head, a state ``S`` of ``[key_dim, value_dim]`` decays by a fixed rate
 transformers' decode branch (``ratio * S + kᵀv``, then ``q @ S``), so a state
 continued here equals a plain forward fed one token at a time over a replaced
 cache bit for bit; `lightning_attention` is the exact effective attention of the
-same outputs. `lightning_states` writes the state after every token (no
-outputs) into one preallocated float32 buffer in place (`scan.step_states`:
-one multiply into the token's slot, one ``addcmul_``), for reads without
-autograd: the same recurrence to float32 rounding (an ``addcmul_`` may round
-as one fused multiply-add where ``ratio * S + kᵀv`` rounds twice), not bit for
-bit; `lightning_one_pass` also reads each state with its query, the outputs of
-a prompt computed with its states. Layouts are tokens first: ``q``, ``k`` ``[batch, seq, heads,
-key_dim]``, ``v`` ``[batch, seq, heads, value_dim]``, ``g`` ``[batch, seq,
-heads]``; a state ``[batch, heads, key_dim, value_dim]`` in the inputs' dtype.
+same outputs, ``A[t, s] = (q_t · k_s) exp(Σ_{s<r≤t} g_r)``. `lightning_states`
+writes the state after every token (no outputs) into one preallocated float32
+buffer in place (`scan.step_states`: one multiply into the token's slot, one
+``addcmul_``), for reads without autograd; `lightning_one_pass` also reads each
+state with its query, the outputs of a prompt computed with its states.
+
+Shapes, tokens first: ``q``, ``k`` ``[batch, seq, heads, key_dim]``, ``v``
+``[batch, seq, heads, value_dim]``, ``g`` ``[batch, seq, heads]``; a state
+``[batch, heads, key_dim, value_dim]`` in the inputs' dtype.
+
+The failure mode worth knowing: the in-place path equals the recurrence to
+float32 rounding, not bit for bit (an ``addcmul_`` may round as one fused
+multiply-add where ``ratio * S + kᵀv`` rounds twice), so where a continued
+state must match the forward's own token loop (a decode step, a state in
+another dtype, autograd) the token loop `lightning_scan` serves instead.
+
+There is no kernel call: the forward computes the recurrence itself, blockwise
+on a prompt. ``arguments`` are the call's ``q``, ``k``, ``v``, ``g`` and the
+entering ``state`` as the component reads them; by those names
+(`nnterp.fast.spec`): `states`, `one_pass`, `state_shape`,
+`effective_attention`; the specs ``FAST``, ``EFFECTIVE``.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 from .buffers import empty_states
 from .scan import differentiable, step_states
+from .spec import EffectiveSpec, FastSpec, indices
 
 
 def lightning_scan(
@@ -120,3 +135,47 @@ def lightning_tap_readout(q: torch.Tensor, g: torch.Tensor, taps: torch.Tensor) 
             carried = g[:, u, :, None, None].exp() * (carried + taps[:, u - 1])
         outputs.append(torch.einsum("bhd,bhde->bhe", q[:, u], carried))
     return torch.stack(outputs, dim=1)
+
+
+# -- by the names the component reads (`nnterp.fast.spec`) -------------------------------
+
+
+def states(arguments: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The state after every token: in place without autograd (`lightning_states`, into ``out``), else the token loop's."""
+    a = arguments
+    q, k, v, g, state = a["q"], a["k"], a["v"], a["g"], a.get("state")
+    if differentiable(k, v, g, state):
+        return lightning_scan(q, k, v, g, state, keep=True)[2]
+    return lightning_states(k, v, g, state, out)
+
+
+def one_pass(arguments: dict, out: torch.Tensor) -> tuple | None:
+    """The outputs ``[batch, heads, seq, value_dim]`` (heads first, as the forward holds them) with the states, in one
+    pass; ``None`` off float32 or on a call that continues a state (`lightning_one_pass` starts from zeros)."""
+    a = arguments
+    if a.get("state") is not None or a["q"].dtype != torch.float32:
+        return None
+    return lightning_one_pass(a["q"], a["k"], a["v"], a["g"], out), out
+
+
+def state_shape(arguments: dict) -> tuple:
+    """``(batch, heads, key_dim, value_dim)``."""
+    k, v = arguments["k"], arguments["v"]
+    return (k.shape[0], k.shape[2], k.shape[3], v.shape[3])
+
+
+def effective_attention(arguments: dict, positions: Any, heads: Any, coefficients: bool) -> tuple:
+    """`lightning_attention` of the call, computed whole, then the rows ``positions`` and the ``heads`` selected."""
+    a = arguments
+    A, readout = lightning_attention(a["q"], a["k"], a["g"], a.get("state"))
+    rows = indices(positions, A.shape[2], "positions").to(A.device)
+    chosen = indices(heads, A.shape[1], "heads").to(A.device)
+    if readout is not None:
+        readout = readout.index_select(1, rows).index_select(2, chosen)
+    return (A.index_select(1, chosen).index_select(2, rows) if coefficients else None), readout
+
+
+#: MiniMax's lightning attention (the forward's own block loop and decode loop).
+FAST = FastSpec("lightning attention", states, ("q", "k", "v", "g"), state_shape, one_pass=one_pass)
+#: MiniMax's lightning attention, prompt and decode step alike.
+EFFECTIVE = EffectiveSpec("lightning attention", effective_attention, "heads")

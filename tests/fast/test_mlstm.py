@@ -1,9 +1,9 @@
-"""Lightning attention's and the mLSTM's in-place state writers (`lightning_states`, `mlstm_states_into`, `mlstm_one_pass`).
+"""`nnterp.fast.mlstm`: the in-place state writer, the one pass, the stabilizers and the effective attention, and its specs.
 
-Without autograd, ``linear_attn.states`` of both kinds is written token by token into one
-preallocated buffer; these check the writers against the papers' recurrences
-(``tests/reference``) and the token loops they replace, from a zero and from a given
-state, into a window of a larger buffer, and that they refuse a graph.
+The oracle is the paper's recurrence in its unstabilized form (``tests/reference/mlstm.py``);
+the writers are checked against it and the token loop they replace, from a zero
+and from a given state, into a window of a larger buffer, and that they refuse
+a graph; the specs compute the same from the backend call's arguments.
 """
 
 from __future__ import annotations
@@ -11,42 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nnterp.fast.lightning import lightning_scan, lightning_states
-from nnterp.fast.mlstm import mlstm_one_pass, mlstm_states, mlstm_states_into, stabilizers, unpack
-from tests.reference.lightning import lightning_recurrence
+from nnterp.fast.mlstm import EFFECTIVE, FAST, mlstm_one_pass, mlstm_states, mlstm_states_into, stabilizers, unpack
+from tests.fast.inputs import B, H, K, T, V, heads_sum, mixer_inputs
 from tests.reference.mlstm import mlstm
-
-B, T, H, K, V = 2, 23, 3, 8, 6
-
-
-def inputs(seed: int = 0) -> tuple:
-    g = torch.Generator().manual_seed(seed)
-    q, k = torch.randn(B, T, H, K, generator=g), torch.randn(B, T, H, K, generator=g)
-    v = torch.randn(B, T, H, V, generator=g)
-    # Large gate pre-activations: the stabilizer m changes branch often.
-    i, f = 4 * torch.randn(B, T, H, generator=g), 4 * torch.randn(B, T, H, generator=g)
-    return q, k, v, i, f
-
-
-@pytest.mark.parametrize("start", [False, True])
-def test_lightning_states_are_the_papers_recurrence(start):
-    q, k, v, _, _ = inputs()
-    slope = torch.rand(H) * 0.5
-    g = (-slope).expand(B, T, H)
-    initial = torch.randn(B, H, K, V) if start else None
-    _, want = lightning_recurrence(q, k, v, slope, initial)
-    got = lightning_states(k, v, g, initial)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(got, lightning_scan(q, k, v, g, initial, keep=True)[2], atol=1e-5, rtol=1e-5)
-    window = torch.full((B, T + 5, H, K, V), float("nan"))
-    lightning_states(k[:, 3:], v[:, 3:], g[:, 3:], got[:, 2], window, first=2)
-    torch.testing.assert_close(window[:, 2 : T - 1], got[:, 3:], atol=1e-5, rtol=1e-5)
-    assert window[:, :2].isnan().all() and window[:, T - 1 :].isnan().all()
 
 
 @pytest.mark.parametrize("start", [False, True])
 def test_mlstm_states_into_is_the_papers_recurrence(start):
-    q, k, v, i, f = inputs(1)
+    q, k, v, i, f = mixer_inputs(1)
     initial = mlstm_states(k, k, v, i, f)[:, 7].clone() if start else None
     got = mlstm_states_into(k, v, i, f, initial)
     _, c, n, m = mlstm(q, k, v, i, f, unpack(initial) if start else None)
@@ -60,7 +32,7 @@ def test_mlstm_states_into_is_the_papers_recurrence(start):
 
 @pytest.mark.parametrize("start", [False, True])
 def test_mlstm_one_pass_reads_the_papers_outputs_and_writes_the_same_states(start):
-    q, k, v, i, f = inputs(3)
+    q, k, v, i, f = mixer_inputs(3)
     initial = mlstm_states(k, k, v, i, f)[:, 7].clone() if start else None
     out = torch.full((B, T, H, K, V + 2), float("nan"))
     h, final = mlstm_one_pass(q, k, v, i, f, initial, out, eps=1e-6)
@@ -87,7 +59,7 @@ def test_stabilizers_of_a_long_decaying_run_keep_their_precision():
 
 
 def test_mlstm_states_into_writes_a_window():
-    _, k, v, i, f = inputs(2)
+    _, k, v, i, f = mixer_inputs(2)
     whole = mlstm_states_into(k, v, i, f)
     window = torch.full((B, T + 4, H, K, V + 2), float("nan"))
     mlstm_states_into(k[:, 5:], v[:, 5:], i[:, 5:], f[:, 5:], whole[:, 4], window, first=3)
@@ -95,12 +67,52 @@ def test_mlstm_states_into_writes_a_window():
     assert window[:, :3].isnan().all() and window[:, T - 2 :].isnan().all()
 
 
-def test_both_refuse_a_graph():
-    _, k, v, i, f = inputs()
+def test_mlstm_states_into_refuses_a_graph():
+    _, k, v, i, f = mixer_inputs()
     k = k.requires_grad_()
-    with pytest.raises(ValueError, match="autograd"):
-        lightning_states(k, v, -torch.ones(B, T, H))
     with pytest.raises(ValueError, match="autograd"):
         mlstm_states_into(k, v, i, f)
     with torch.no_grad():
         mlstm_states_into(k, v, i, f)  # no graph is recorded here: fine
+
+
+# -- the specs --------------------------------------------------------------------------------
+
+
+def served(start: bool) -> dict:
+    q, k, v, i, f = mixer_inputs(6)
+    state = mlstm_states(k, k, v, i, f)[:, 7].clone() if start else None
+    return {"q": q, "k": k, "v": v, "igate": i, "fgate": f, "state": state}
+
+
+def papers(a: dict) -> tuple:
+    return mlstm(a["q"], a["k"], a["v"], a["igate"], a["fgate"], unpack(a["state"]) if a["state"] is not None else None)
+
+
+@pytest.mark.parametrize("start", [False, True])
+def test_the_spec_computes_the_papers_states(start):
+    a = served(start)
+    _, c, n, m = papers(a)
+    got = FAST.compute(a, None)
+    for name, part, want in zip("Cnm", unpack(got), (c, n, m[..., None])):
+        torch.testing.assert_close(part.double(), want, rtol=1e-4, atol=1e-6, msg=name)
+    assert FAST.state_shape(a) == (B, H, K, V + 2)
+    k = a["k"].clone().requires_grad_()
+    loop = FAST.compute({**a, "k": k}, None)  # under autograd: the token loop
+    assert loop.requires_grad
+    torch.testing.assert_close(loop.detach(), got, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("start", [False, True])
+def test_the_spec_one_pass_and_effective_attention_read_the_papers_outputs(start):
+    a = served(start)
+    want_h, c, n, m = papers(a)
+    out = torch.full((B, T, H, K, V + 2), float("nan"))
+    (h, final), states = FAST.one_pass(a, out)
+    assert states is out
+    torch.testing.assert_close(h.transpose(1, 2).double(), want_h, rtol=1e-4, atol=1e-5)
+    for name, part, want in zip("Cnm", final, (c[:, -1], n[:, -1], m[:, -1, :, None])):
+        torch.testing.assert_close(part.double(), want, rtol=1e-4, atol=1e-6, msg=name)
+    assert FAST.one_pass({**a, "q": a["q"].double()}, out) is None
+    A, readout = EFFECTIVE.compute(a, None, None, True)
+    torch.testing.assert_close(heads_sum(A, readout, a["v"]).double(), want_h, rtol=1e-4, atol=1e-5)

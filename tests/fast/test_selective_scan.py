@@ -1,11 +1,13 @@
-"""`nnterp.fast.selective` (Mamba-1's fast path) against the reference token loop and transformers' kernel.
+"""`nnterp.fast.selective_scan` (Mamba-1's fast path) against the reference token loop and transformers' kernel.
 
 The oracles: ``tests/reference/recurrences.selective_scan`` (one plain loop
 per token, from the equations, with an initial state) and transformers'
 ``mamba_selective_scan`` (its pure-torch loop: its final state and output).
 Lengths that do not fill a chunk, an initial state, decays that underflow,
 and `selective_scan_readout`: a run from zeros plus what a start state adds
-equals a run from that state (how a write splits a kernel that takes none).
+equals a run from that state (how a write splits a kernel that takes none);
+the effective attention reproduces both oracles' outputs, and the specs
+compute the same from a served call's arguments.
 """
 
 from __future__ import annotations
@@ -14,17 +16,20 @@ import pytest
 import torch
 import transformers.models.mamba.modeling_mamba as mamba_modeling
 
-from nnterp.fast import SCAN, selective_scan_output, selective_scan_readout, selective_scan_states
+from nnterp.fast import (
+    SCAN,
+    selective_scan_attention,
+    selective_scan_output,
+    selective_scan_readout,
+    selective_scan_states,
+)
+from nnterp.fast.selective_scan import EFFECTIVE, FAST
 from nnterp.recurrent.kernels import torch_function
+from tests.fast.inputs import channels_sum, close, scan_inputs
+from tests.reference import recurrences as ref
 from tests.reference.recurrences import selective_scan
 
 LENGTHS = [1, 2, 3, 13, 64, 65, 200]
-
-
-def close(actual, expected, what, atol=1e-5):
-    # float32: ~1e-5 relative to the largest entry.
-    scale = expected.abs().max().clamp(min=1.0)
-    torch.testing.assert_close(actual / scale, expected / scale, rtol=0, atol=atol, msg=what)
 
 
 def inputs(seq, *, batch=2, channels=6, size=4, seed=0, dtype=torch.float32):
@@ -159,3 +164,43 @@ def test_out_buffer_is_written_in_place_and_checked():
     assert torch.isfinite(out).all()
     with pytest.raises(ValueError, match="out must be float32"):
         selective_scan_states(x, dt, A, B, bias, True, initial, out=torch.empty(2, 20, 6, 5))
+
+
+# -- effective attention ---------------------------------------------------------------------
+
+EFFECTIVE_LENGTHS = [1, 3, 13, 64, 65, 150]
+
+
+@pytest.mark.parametrize("seq", EFFECTIVE_LENGTHS)
+@pytest.mark.parametrize("with_initial", [False, True])
+def test_selective_scan_attention_reproduces_the_token_loop(seq, with_initial):
+    a = scan_inputs(seq)["mamba"]
+    initial = a["state"] if with_initial else None
+    expected, _ = ref.selective_scan(a["x"], a["dt"], a["A"], a["B"], a["C"], a["D"], a["z"], a["dt_bias"], True, initial)
+    A, readout = selective_scan_attention(a["dt"], a["A"], a["B"], a["C"], a["D"], a["z"], a["dt_bias"], True, initial)
+    assert A.shape == (2, 7, seq, seq)
+    got = torch.einsum("bcts,bsc->btc", A, a["x"])
+    close(got + readout if readout is not None else got, expected, "output")
+
+
+def test_selective_scan_attention_reproduces_transformers_scan():
+    a = scan_inputs(90)["mamba"]
+    scan = torch_function(mamba_modeling.mamba_selective_scan)
+    first = lambda x: x.transpose(1, 2)  # noqa: E731  the kernel is channel-first
+    out = scan(first(a["x"]), first(a["dt"]), a["A"], first(a["B"]), first(a["C"]), D=a["D"], z=first(a["z"]),
+               delta_bias=a["dt_bias"], delta_softplus=True)
+    A, _ = selective_scan_attention(a["dt"], a["A"], a["B"], a["C"], a["D"], a["z"], a["dt_bias"], True)
+    close(torch.einsum("bcts,bsc->btc", A, a["x"]), first(out), "output")
+
+
+def test_the_specs_compute_the_token_loops_states_and_output():
+    x, dt, A, B, C, D, z, bias, initial = inputs(40)
+    a = {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": bias, "dt_softplus": True, "state": initial, "final": True}
+    outputs, expected = selective_scan(x, dt, A, B, C, D, z, bias, True, initial)
+    close(FAST.compute(a, None), expected, "states")
+    assert FAST.state_shape(a) == (2, 6, 4)
+    (y, final), states = FAST.one_pass(a, torch.empty(expected.shape))
+    close(y.transpose(1, 2), outputs, "one pass output, channel-first as the kernel's")
+    close(final, expected[:, -1], "one pass final state")
+    A_, readout = EFFECTIVE.compute(a, None, None, True)
+    close(channels_sum(A_, readout, x), outputs, "effective attention")

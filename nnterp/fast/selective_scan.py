@@ -1,4 +1,4 @@
-"""The state after every token of Mamba-1's selective scan, vectorized over chunks of tokens.
+"""Mamba-1's selective scan: the state after every token (vectorized over chunks of tokens), its output, the effective attention.
 
 Mental model. Every inner channel ``d`` keeps a state vector of ``n``
 numbers; each token decays it entry by entry and writes one outer product:
@@ -39,19 +39,38 @@ transformers' prompt kernel (``mamba_selective_scan``) has no initial state:
 it always starts from zeros. `selective_scan_readout` is what a start state
 ``h_0`` adds to its result, ``silu(z_t) ⊙ Σ_n C_t[n] exp(A ⊙ S_t) h_0`` on the
 output and ``exp(A ⊙ S_last) h_0`` on the final state (the recurrence is
-linear in ``h_0``), which is how a kernel call is continued from a written state.
+linear in ``h_0``), which is how a kernel call is continued from a written
+state (`resume`). The failure mode worth knowing: the prompt kernel has no
+argument to carry a written state into the call, so anything continuing a
+Mamba-1 prompt from a state must add this readout itself, or it silently
+starts from zeros.
+
+Shapes, tokens first: ``x``, ``dt``, ``z`` ``[batch, seq, channels]``, ``A``
+``[channels, state_size]``, ``B``, ``C`` ``[batch, seq, state_size]``, ``D``,
+``dt_bias`` ``[channels]``, a state ``[batch, channels, state_size]``. The
+prompt kernel's own layout is channel-first (``FAST.output_axis`` is 2).
+
+Effective attention (`selective_scan_attention`): ``A[d, t, s] = silu(z_t[d])
+(Σ_n C_t[n] B_s[n] exp(Σ_{s<j≤t} Δ_j[d] A[d, n]) Δ_s[d] + D[d] δ_ts)``, one
+pattern per channel, the kernel's gate and skip included
+(`nnterp.fast.scan.scan_attention`).
+
+By the signature table's names (`nnterp.fast.spec`): `states`, `one_pass`,
+`resume`, `state_shape`, `effective_attention`; the specs ``FAST``, ``EFFECTIVE``.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from .buffers import empty_states
-from .scan import differentiable
-from .step import step_size
+from .scan import differentiable, scan_attention
+from .spec import EffectiveSpec, FastSpec, Selection, indices, last_state
+from .step import step_size, time_step
 
 #: The most tokens per chunk (`selective_scan_states` uses about √seq).
 MAX_CHUNK = 64
@@ -242,3 +261,103 @@ def selective_scan_readout(
     if z is not None:
         readout = readout * F.silu(z.float())
     return readout, torch.exp(A * total[:, -1, :, None]) * start
+
+
+def selective_scan_attention(
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = True,
+    initial_state: torch.Tensor | None = None,
+    positions: Selection = None,
+    channels: Selection = None,
+    coefficients: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Mamba-1's effective attention, one pattern per channel (transformers' ``mamba_selective_scan``).
+
+    ``A[d, t, s] = silu(z_t[d]) (Σ_n C_t[n] B_s[n] exp(Σ_{s<j≤t} Δ_j[d] A[d, n]) Δ_s[d]
+    + D[d] δ_ts)``: the kernel's output, gate and skip included.
+
+    Args (tokens first):
+        dt, z: ``[batch, seq, channels]``; A: ``[channels, state_size]``;
+        B, C: ``[batch, seq, state_size]``; D, dt_bias: ``[channels]``;
+        initial_state: ``[batch, channels, state_size]`` or ``None`` (a decode step's);
+        positions, channels: the rows and channels to return.
+        coefficients: ``False`` computes the readout only (``A`` is ``None``).
+
+    Returns:
+        ``(A [batch, channels, positions, seq], readout [batch, positions,
+        channels] or None)``. Big: ``4 · batch · channels · positions · seq`` bytes.
+    """
+    n_channels = dt.shape[2]
+    chosen = indices(channels, n_channels, "channels").to(dt.device)
+    step = time_step(dt, dt_bias, dt_softplus, None).index_select(2, chosen)  # [b, seq, c]
+    log_decay = step[..., None] * A.float().index_select(0, chosen)  # [b, seq, c, n]
+    B, C = (x.float()[:, :, None, :] for x in (B, C))  # [b, seq, 1, n], shared by the channels
+    skip = D.float().index_select(0, chosen) if D is not None else None
+    gate = F.silu(z.float().index_select(2, chosen)) if z is not None else None
+    state = initial_state.float().index_select(1, chosen)[:, :, None, :] if initial_state is not None else None
+    out, readout = scan_attention(log_decay, B, C, step, skip, gate, state, positions, coefficients)
+    return out, (readout[..., 0] if readout is not None else None)
+
+
+# -- by the signature table's names (`nnterp.fast.spec`) ---------------------------------
+
+
+def states(arguments: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`selective_scan_states` of a served call's arguments."""
+    a = arguments
+    return selective_scan_states(a["x"], a["dt"], a["A"], a["B"], a.get("dt_bias"), bool(a.get("dt_softplus") or False), a.get("state"), out=out)
+
+
+def state_shape(arguments: dict) -> tuple:
+    """``(batch, channels, state_size)``."""
+    x, A = arguments["x"], arguments["A"]
+    return (x.shape[0], x.shape[2], A.shape[1])
+
+
+def one_pass(arguments: dict, out: torch.Tensor | None) -> tuple | None:
+    """The scan's return (``y`` channel-first, and its final state when the call asks) with the states, in one pass."""
+    a = arguments
+    if a["x"].dtype != torch.float32:
+        return None
+    seq = a["x"].shape[1]
+    y, out = selective_scan_output(
+        a["x"], a["dt"], a["A"], a["B"], a["C"], a.get("D"), a.get("z"), a.get("dt_bias"), bool(a.get("dt_softplus") or False),
+        a.get("state"), out=out, ring=out is not None and out.shape[1] != seq,
+    )
+    y = y.transpose(1, 2).contiguous()  # the kernel's layout, channel-first
+    return ((y, last_state(out, seq)) if a.get("final") else y), out
+
+
+def resume(arguments: dict, initial: torch.Tensor, result: object) -> object:
+    """The kernel's ``result`` from zeros, as it would be from ``initial`` (`selective_scan_readout` added)."""
+    a = arguments
+    # The kernel returns y channel-first, [batch, channels, seq], and (with return_last_state) its final state.
+    readout, decayed = selective_scan_readout(
+        a["dt"], a["A"], a["C"], initial, a.get("z"), a.get("dt_bias"), bool(a.get("dt_softplus") or False)
+    )
+    y = result[0] if isinstance(result, tuple) else result
+    y = (y.float() + readout.transpose(1, 2)).to(y.dtype)
+    if not isinstance(result, tuple):
+        return y
+    return (y, (result[1].float() + decayed).to(result[1].dtype), *result[2:])
+
+
+def effective_attention(arguments: dict, positions: Any, channels: Any, coefficients: bool) -> tuple:
+    """`selective_scan_attention` of a served call's arguments."""
+    a = arguments
+    return selective_scan_attention(
+        a["dt"], a["A"], a["B"], a["C"], a.get("D"), a.get("z"), a.get("dt_bias"), bool(a.get("dt_softplus") or False),
+        a.get("state"), positions, channels, coefficients,
+    )
+
+
+#: transformers' ``mamba_selective_scan`` (Mamba-1, Falcon-Mamba, Jamba), which starts from zeros: ``resume``.
+FAST = FastSpec("selective scan", states, ("x", "dt", "B", "C", "z"), state_shape, resume, output_axis=2, one_pass=one_pass, ring=True)
+#: Mamba-1's selective scan and decode step.
+EFFECTIVE = EffectiveSpec("selective scan", effective_attention, "channels")
