@@ -35,7 +35,7 @@ from torch import Tensor
 from ..core.dims import BATCH, KEY_DIM, MIXER_HEADS, SEQ
 from ..fast.gated_deltanet import KIMI_EFFECTIVE as KIMI_DELTA_ATTENTION
 from ..fast.gated_deltanet import KIMI_FAST as KIMI_DELTA
-from .linear_attention import LinearAttention
+from .gated_deltanet import LinearAttention
 from .recurrent import kernel_argument
 
 #: ``[batch, seq, mixer_heads, key_dim]``: one log decay per key channel.

@@ -6,7 +6,7 @@ import transformers.models.olmo_hybrid.modeling_olmo_hybrid as MODELING
 from transformers.models.olmo_hybrid.configuration_olmo_hybrid import OlmoHybridConfig
 
 from ..components.attention import Attention
-from ..components.linear_attention import LinearAttention
+from ..components.gated_deltanet import LinearAttention
 from .qwen3_5_text import Qwen3_5Text
 
 

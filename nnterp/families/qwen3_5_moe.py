@@ -4,7 +4,7 @@ import transformers.models.qwen3_5_moe.modeling_qwen3_5_moe as MODELING
 from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeConfig, Qwen3_5MoeTextConfig
 
 from ..components.attention import Attention
-from ..components.linear_attention import LinearAttention
+from ..components.gated_deltanet import LinearAttention
 from .base import RealCheckpoint
 from .qwen3_5_text import Qwen3_5Text, every_fourth_full
 

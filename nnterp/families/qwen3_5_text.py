@@ -4,7 +4,7 @@ import transformers.models.qwen3_5.modeling_qwen3_5 as MODELING
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config, Qwen3_5TextConfig
 
 from ..components.attention import Attention
-from ..components.linear_attention import LinearAttention
+from ..components.gated_deltanet import LinearAttention
 from .base import TINY, RealCheckpoint
 from .llama import Llama
 

@@ -4,7 +4,7 @@ import transformers.models.qwen3_next.modeling_qwen3_next as MODELING
 from transformers.models.qwen3_next.configuration_qwen3_next import Qwen3NextConfig
 
 from ..components.attention import Attention
-from ..components.linear_attention import LinearAttention
+from ..components.gated_deltanet import LinearAttention
 from .base import RealCheckpoint
 from .qwen3_5_moe import Qwen3_5Moe
 from .qwen3_5_text import every_fourth_full

@@ -17,7 +17,7 @@ import torch
 
 import nnterp
 from nnterp import NnterpError
-from nnterp.components.linear_attention import LinearAttention
+from nnterp.components.gated_deltanet import LinearAttention
 from nnterp.families import families
 
 PROMPT = "The Eiffel Tower is in the city of"

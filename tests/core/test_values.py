@@ -119,7 +119,7 @@ def test_values_are_listed_in_declaration_order_with_descriptions():
 
 def test_a_value_none_on_a_fresh_prompt_is_declared_not_described():
     """The contract suite reads the declared flag; the description is prose for people."""
-    from nnterp.components.linear_attention import LinearAttention
+    from nnterp.components.gated_deltanet import LinearAttention
     from nnterp.components.selective_scan import SelectiveScan
 
     for cls in (LinearAttention, SelectiveScan):

@@ -5,7 +5,7 @@ import torch
 import transformers
 import transformers.models.olmo_hybrid.modeling_olmo_hybrid as modeling
 
-from nnterp.components.linear_attention import LinearAttention
+from nnterp.components.gated_deltanet import LinearAttention
 from nnterp.recurrent.labels import labels_for
 from tests.reference import hf_oracles as hf
 from tests.suites.gated_deltanet import PROMPT, GatedDeltaNetSuite

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 import nnterp
 from nnterp.components.kimi_delta_attention import KimiDeltaAttention
 from nnterp.components.lightning_attention import LightningAttention
-from nnterp.components.linear_attention import LinearAttention
+from nnterp.components.gated_deltanet import LinearAttention
 from nnterp.components.recurrent import RecurrentMixer
 from nnterp.components.selective_scan import SelectiveScan
 from nnterp.components.state_space import StateSpace

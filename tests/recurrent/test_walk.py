@@ -104,8 +104,8 @@ def test_the_walks_are_every_kind_under_its_own_settings(walks):
     "model_type, setting, strategy, component",
     [
         ("mamba2", "chunks", "boundaries", "state_space"),
-        ("qwen3_5_text", "routed", "loop", "linear_attention"),
-        ("qwen3_5_text", "fast", "from_arguments", "linear_attention"),
+        ("qwen3_5_text", "routed", "loop", "gated_deltanet"),
+        ("qwen3_5_text", "fast", "from_arguments", "gated_deltanet"),
     ],
     ids=["mamba2-chunk-boundaries", "deltanet-token-loop", "deltanet-from-arguments"],
 )

@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM
 
 import nnterp
 from nnterp import StandardizedTransformer
-from nnterp.components.linear_attention import LinearAttention
+from nnterp.components.gated_deltanet import LinearAttention
 from nnterp.testing import tiny_config, tiny_tokenizer
 from tests.reference import hf_oracles as hf
 from tests.reference.recurrences import gated_delta_rule, kimi_delta_attention
