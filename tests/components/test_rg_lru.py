@@ -29,7 +29,7 @@ class RGLRUSuite(StateContract):
 
     LAYERS = (0, 1)
     CACHE = ModuleState()
-    STATE_TOL = LOGIT_TOL = TOL
+    STATE_TOL = LOGIT_TOL = PROB_TOL = TOL
     DECODE_WRITES = (("state_output", 1),)
 
     WRITE_SCALE = 1.0

@@ -35,6 +35,7 @@ class ShortConvolutionSuite(StateContract):
     DECODE_TOL = dict(rtol=0, atol=0)
     STATE_LAYERS = (0, -1)
     WRITE_AT = (0, 1, 5, -2)
+    CHANGE_ATOL = 1e-4
     DECODE_LAYERS = (0,)
     DECODE_WRITES = (("set_state_after", 0), ("state_input", 1), ("conv_state_input", 1), ("set_state_after", 1))
     DECODE_STATES = True

@@ -46,6 +46,9 @@ def built(model_type: str, **changes) -> nnterp.StandardizedTransformer:
 class StateSpaceSuite(StateContract, PaddedBatch, MambaCases):
     """A Mamba-2-like mixer (`StateSpace`): set ``MODEL_TYPE``; per-token reads and writes under ``chunk_per_token``."""
 
+    LOGIT_TOL = dict(rtol=1e-4, atol=1e-4)
+    PROB_TOL = TOL
+
     def reading(self, model):
         return nnterp.chunk_per_token(model)
 

@@ -39,6 +39,7 @@ class WKVSuite(StateContract):
     """An RWKV-4 time mixing (`WKV`): set ``MODEL_TYPE``."""
 
     CACHE = CACHE
+    PROB_TOL = TOL
     DECODE_WRITES = (("state_input", 1), ("state_output", 1))
     DECODE_WRITE_LAYERS = (1,)
 
