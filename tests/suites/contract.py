@@ -20,10 +20,25 @@ import contextlib
 import pytest
 import torch
 
+import nnterp
+from nnterp.families import REGISTRY, absent
 from tests.suites.caches import Cache
 from tests.suites.checkpoint import OTHER, PROMPT, CheckpointFixtures
 
 NEW = 4
+LONG = PROMPT + " " + OTHER + " " + PROMPT  # several of Mamba-2's 8-token chunks, for the fast path
+
+
+def paths(model_type: str) -> tuple:
+    """How a family's reads run: its mixer's own strategy, and `nnterp.fast_states` where the mixer has a ``FAST`` spec."""
+    fast = absent(model_type) is None and getattr(REGISTRY[model_type].MIXER, "FAST", None) is not None
+    return ("own", "fast") if fast else ("own",)
+
+
+def fast_tol(expected) -> dict:
+    """The fast path's arithmetic is the kernel's, regrouped: float32 rounding of the largest entry."""
+    top = max(x.abs().max().item() for x in (expected if isinstance(expected, tuple) else (expected,)))
+    return {"rtol": 1e-4, "atol": 1e-5 * max(1.0, top)}
 
 
 def recurrent_layers(model) -> list[int]:
@@ -61,6 +76,7 @@ class StateContract(CheckpointFixtures):
             "T": [pytest.param(t, id=f"T={t}") for t in self.WRITE_AT],
             "decode_nth": [pytest.param(n, id=f"layer{n}") for n in self.DECODE_LAYERS],
             "write": [pytest.param(w, id=f"{w[0]}-step{w[1]}") for w in self.DECODE_WRITES],
+            "path": [pytest.param(p, id=p) for p in paths(self.MODEL_TYPE)],
         }
         for name, values in params.items():
             if name in metafunc.fixturenames:
@@ -73,9 +89,24 @@ class StateContract(CheckpointFixtures):
         return contextlib.nullcontext()
 
     @pytest.fixture
-    def reader(self, model):
-        with self.reading(model):
+    def reader(self, model, path):
+        """The model, its per-token reads running on ``path``: its own strategy, or the fast path."""
+        with nnterp.fast_states(model) if path == "fast" else self.reading(model):
             yield model
+
+    @pytest.fixture
+    def prompt(self, model, ids, path):
+        return model.tokenizer(LONG, return_tensors="pt").input_ids if path == "fast" else ids
+
+    def tol(self, path, expected, own: dict) -> dict:
+        return fast_tol(expected) if path == "fast" else own
+
+    def same(self, path, got, expected, msg: str = "") -> None:
+        """Equal on the mixer's own strategy; on the fast path, whose calls regroup their sums, within `fast_tol`."""
+        if path == "fast":
+            torch.testing.assert_close(got, expected, **fast_tol(expected), msg=msg or None)
+        else:
+            assert torch.equal(got, expected), msg
 
     def donor(self, model, plain, layer: int, scale: float, seed: int = 0):
         """A value to write: random, shaped as the layer's state (a kind with a structured state gives a real one)."""
@@ -94,37 +125,39 @@ class StateContract(CheckpointFixtures):
 
     # -- the state after every token ---------------------------------------------------
 
-    def test_states_equal_the_cache_after_each_prefix(self, reader, plain, ids, nth):
+    def test_states_equal_the_cache_after_each_prefix(self, reader, plain, prompt, path, nth):
         layer = recurrent_layers(reader)[nth]
         mix = reader.layers[layer].linear_attn
-        with torch.no_grad(), reader.trace(ids):
+        with torch.no_grad(), reader.trace(prompt):
             states = mix.states.save()
             final = mix.state_output.save()
-        expected = self.CACHE.prefix_states(plain, ids, layer)
-        torch.testing.assert_close(self.CACHE.served(states), expected, **self.STATE_TOL, msg=f"layer {layer}: states vs the cache per prefix")
+        expected = self.CACHE.prefix_states(plain, prompt, layer)
+        tol = self.tol(path, expected, self.STATE_TOL)
+        torch.testing.assert_close(self.CACHE.served(states), expected, **tol, msg=f"layer {layer}: states vs the cache per prefix")
         self._final(states, final)
 
-    def test_state_after_and_states_of_are_the_states(self, reader, ids):
+    def test_state_after_and_states_of_are_the_states(self, reader, prompt, path):
         mix = reader.layers[recurrent_layers(reader)[self.WRITE_LAYER]].linear_attn
-        with torch.no_grad(), reader.trace(ids):
+        with torch.no_grad(), reader.trace(prompt):
             early = mix.state_after(2).save()
             late = mix.state_after(-1).save()
-        with torch.no_grad(), reader.trace(ids):
+        with torch.no_grad(), reader.trace(prompt):
             some = mix.states_of([5, -1, 2, 5]).save()
-        with torch.no_grad(), reader.trace(ids):
+        with torch.no_grad(), reader.trace(prompt):
             states = mix.states.save()
-        assert torch.equal(early, states[:, 2]) and torch.equal(late, states[:, -1])
-        assert torch.equal(some, states[:, [5, -1, 2, 5]])
+        self.same(path, early, states[:, 2])
+        self.same(path, late, states[:, -1])
+        self.same(path, some, states[:, [5, -1, 2, 5]])
 
     # -- writing the state inside a prompt --------------------------------------------
 
-    def test_set_state_after_continues_like_a_replaced_cache(self, reader, plain, ids, T):
+    def test_set_state_after_continues_like_a_replaced_cache(self, reader, plain, prompt, path, T):
         layer = recurrent_layers(reader)[self.WRITE_LAYER]
         mix, donor = reader.layers[layer].linear_attn, self.donor(reader, plain, layer, self.WRITE_SCALE)
-        n = ids.shape[1]
+        n = prompt.shape[1]
         position = T % n
         before = later = None  # a None bound inside a trace would not survive it
-        with torch.no_grad(), reader.trace(ids):
+        with torch.no_grad(), reader.trace(prompt):
             if position:
                 before = mix.state_after(position - 1).save()
             mix.set_state_after(T, donor)
@@ -133,20 +166,21 @@ class StateContract(CheckpointFixtures):
                 later = mix.state_after(position + 1).save()
             final = mix.state_output.save()
             logits = reader.logits.save()
-        expected, states = self.CACHE.continue_from(plain, ids, position, layer, donor)
+        expected, states = self.CACHE.continue_from(plain, prompt, position, layer, donor)
         with torch.no_grad():
-            clean = plain(ids).logits
+            clean = plain(prompt).logits
         assert torch.equal(after, donor)
         if before is not None:
-            torch.testing.assert_close(self.CACHE.served(before), self._prefix_end(plain, ids[:, :position], layer), **self.STATE_TOL)
+            expected_before = self._prefix_end(plain, prompt[:, :position], layer)
+            torch.testing.assert_close(self.CACHE.served(before), expected_before, **self.tol(path, expected_before, self.STATE_TOL))
         # Token T's own output read the state it computed: the logits up to T are the clean run's.
-        torch.testing.assert_close(logits[:, : position + 1], clean[:, : position + 1], **self.LOGIT_TOL, msg="tokens up to T")
+        torch.testing.assert_close(logits[:, : position + 1], clean[:, : position + 1], **self.tol(path, clean, self.LOGIT_TOL), msg="tokens up to T")
         if expected is None:
             assert torch.equal(final, donor), "a write after the last token is the state leaving the call"
             return
-        torch.testing.assert_close(logits[:, position + 1 :], expected, **self.LOGIT_TOL)
+        torch.testing.assert_close(logits[:, position + 1 :], expected, **self.tol(path, expected, self.LOGIT_TOL))
         torch.testing.assert_close(logits[:, -1].softmax(-1), expected[:, -1].softmax(-1), **self.PROB_TOL)
-        tol = self.CONTINUED_TOL or self.STATE_TOL
+        tol = self.tol(path, states, self.CONTINUED_TOL or self.STATE_TOL)
         torch.testing.assert_close(self.CACHE.served(later), self._first(states), **tol, msg="the state after T + 1")
         torch.testing.assert_close(self.CACHE.served(final), self._last(states), **tol)
         self.check_write(donor, later)
@@ -229,7 +263,7 @@ class PaddedBatch:
 
     PADDED_LAYER = 1
 
-    def test_states_of_a_left_padded_batch_are_each_prompts(self, reader, plain):
+    def test_states_of_a_left_padded_batch_are_each_prompts(self, reader, plain, path):
         layer = recurrent_layers(reader)[self.PADDED_LAYER]
         mix = reader.layers[layer].linear_attn
         with torch.no_grad(), reader.trace([PROMPT, OTHER]):
@@ -239,11 +273,13 @@ class PaddedBatch:
                 first = mix.states.save()
             with tracer.invoke(OTHER):
                 second = mix.states.save()
-        assert torch.equal(first[0], batch[0]) and torch.equal(second[0], batch[1]), "one invoke each, one row each"
+        self.same(path, first[0], batch[0], "one invoke each, one row each")
+        self.same(path, second[0], batch[1], "one invoke each, one row each")
         width = batch.shape[1]
         for row, prompt in enumerate((PROMPT, OTHER)):
             row_ids = reader.tokenizer(prompt, return_tensors="pt").input_ids
             pad = width - row_ids.shape[1]
-            torch.testing.assert_close(batch[row, pad:], self.CACHE.prefix_states(plain, row_ids, layer)[0], **self.STATE_TOL, msg=f"row {row}")
+            expected = self.CACHE.prefix_states(plain, row_ids, layer)[0]
+            torch.testing.assert_close(batch[row, pad:], expected, **self.tol(path, expected, self.STATE_TOL), msg=f"row {row}")
             assert torch.count_nonzero(batch[row, :pad]) == 0, "a padding position carries no state"
         assert width > len(reader.tokenizer(OTHER).input_ids), "the second prompt is the padded one"
