@@ -282,6 +282,17 @@ def loaded(load, checkpoint):
     return get
 
 
+def state_donor(mix, scale=2.0, seed=3):
+    module = mix._module
+    if "channels" in mix.dims():  # Mamba-1: a state vector per inner channel
+        shape = (1, mix.dims()["channels"], mix.dims()["state_size"])
+    elif hasattr(module, "ssm_state_size"):
+        shape = (1, module.num_heads, module.head_dim, module.ssm_state_size)
+    else:
+        shape = (1, mix.dims()["mixer_heads"], mix.dims()["key_dim"], mix.dims()["value_dim"])
+    return scale * torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
 def mixers(model) -> list[int]:
     """The blocks with a recurrent mixer, in order (a hybrid's others have none)."""
     return [index for index, layer in enumerate(model.layers) if layer.linear_attn is not None]
