@@ -41,6 +41,11 @@ def fast_tol(expected) -> dict:
     return {"rtol": 1e-4, "atol": 1e-5 * max(1.0, top)}
 
 
+def note(text: str):
+    """An ``assert_close`` message that keeps torch's mismatch report after ``text``."""
+    return lambda report: f"{text}\n{report}"
+
+
 def recurrent_layers(model) -> list[int]:
     """Indices of the blocks with a ``linear_attn``."""
     return [i for i, layer in enumerate(model.layers) if layer.linear_attn is not None]
@@ -104,7 +109,7 @@ class StateContract(CheckpointFixtures):
     def same(self, path, got, expected, msg: str = "") -> None:
         """Equal on the mixer's own strategy; on the fast path, whose calls regroup their sums, within `fast_tol`."""
         if path == "fast":
-            torch.testing.assert_close(got, expected, **fast_tol(expected), msg=msg or None)
+            torch.testing.assert_close(got, expected, **fast_tol(expected), msg=note(msg))
         else:
             assert torch.equal(got, expected), msg
 
@@ -133,7 +138,7 @@ class StateContract(CheckpointFixtures):
             final = mix.state_output.save()
         expected = self.CACHE.prefix_states(plain, prompt, layer)
         tol = self.tol(path, expected, self.STATE_TOL)
-        torch.testing.assert_close(self.CACHE.served(states), expected, **tol, msg=f"layer {layer}: states vs the cache per prefix")
+        torch.testing.assert_close(self.CACHE.served(states), expected, **tol, msg=note(f"layer {layer}: states vs the cache per prefix"))
         self._final(states, final)
 
     def test_state_after_and_states_of_are_the_states(self, reader, prompt, path):
@@ -174,15 +179,15 @@ class StateContract(CheckpointFixtures):
             expected_before = self._prefix_end(plain, prompt[:, :position], layer)
             torch.testing.assert_close(self.CACHE.served(before), expected_before, **self.tol(path, expected_before, self.STATE_TOL))
         # Token T's own output read the state it computed: the logits up to T are the clean run's.
-        torch.testing.assert_close(logits[:, : position + 1], clean[:, : position + 1], **self.tol(path, clean, self.LOGIT_TOL), msg="tokens up to T")
+        torch.testing.assert_close(logits[:, : position + 1], clean[:, : position + 1], **self.tol(path, clean, self.LOGIT_TOL), msg=note("tokens up to T"))
         if expected is None:
             assert torch.equal(final, donor), "a write after the last token is the state leaving the call"
             return
-        torch.testing.assert_close(logits[:, position + 1 :], expected, **self.tol(path, expected, self.LOGIT_TOL))
+        torch.testing.assert_close(logits[:, position + 1 :], expected, **self.tol(path, expected, self.LOGIT_TOL), msg=note("tokens after T"))
         torch.testing.assert_close(logits[:, -1].softmax(-1), expected[:, -1].softmax(-1), **self.PROB_TOL)
         tol = self.tol(path, states, self.CONTINUED_TOL or self.STATE_TOL)
-        torch.testing.assert_close(self.CACHE.served(later), self._first(states), **tol, msg="the state after T + 1")
-        torch.testing.assert_close(self.CACHE.served(final), self._last(states), **tol)
+        torch.testing.assert_close(self.CACHE.served(later), self._first(states), **tol, msg=note("the state after T + 1"))
+        torch.testing.assert_close(self.CACHE.served(final), self._last(states), **tol, msg=note("the state leaving the call"))
         self.check_write(donor, later)
         if self.CHANGE_ATOL is not None:
             assert not torch.allclose(logits[:, -1], clean[:, -1], atol=self.CHANGE_ATOL), "the write changes the prediction"
@@ -221,8 +226,8 @@ class StateContract(CheckpointFixtures):
         assert entering[0] is None, "nothing enters the prompt"
         tol = self.DECODE_TOL or self.STATE_TOL
         for step in range(1, NEW):
-            torch.testing.assert_close(self.CACHE.served(entering[step]), before[step], **tol, msg=f"state entering step {step}")
-            torch.testing.assert_close(self.CACHE.served(leaving[step - 1]), before[step], **tol, msg=f"state leaving step {step - 1}")
+            torch.testing.assert_close(self.CACHE.served(entering[step]), before[step], **tol, msg=note(f"state entering step {step}"))
+            torch.testing.assert_close(self.CACHE.served(leaving[step - 1]), before[step], **tol, msg=note(f"state leaving step {step - 1}"))
             assert torch.equal(entering[step], leaving[step - 1]), f"step {step} enters from step {step - 1}'s state"
             if self.DECODE_STATES:
                 assert states[step].shape[1] == 1 and torch.equal(states[step][:, 0], leaving[step]), f"states on step {step}"
@@ -280,6 +285,6 @@ class PaddedBatch:
             row_ids = reader.tokenizer(prompt, return_tensors="pt").input_ids
             pad = width - row_ids.shape[1]
             expected = self.CACHE.prefix_states(plain, row_ids, layer)[0]
-            torch.testing.assert_close(batch[row, pad:], expected, **self.tol(path, expected, self.STATE_TOL), msg=f"row {row}")
+            torch.testing.assert_close(batch[row, pad:], expected, **self.tol(path, expected, self.STATE_TOL), msg=note(f"row {row}"))
             assert torch.count_nonzero(batch[row, :pad]) == 0, "a padding position carries no state"
         assert width > len(reader.tokenizer(OTHER).input_ids), "the second prompt is the padded one"
