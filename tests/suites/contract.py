@@ -4,10 +4,12 @@ Each kind's suite (``tests/components/test_<kind>.py``) subclasses it, names
 the adapter of its cache layout (`tests.suites.caches`) and the few numbers
 that differ (which layers, which tokens, the tolerances), and adds the kind's
 own cases; a family's test file subclasses that suite and names its
-``MODEL_TYPE``. The oracles are the plain transformers model's: its state after
-a plain forward over each prefix, a forward whose state was replaced after a
-token and continued one token at a time, and a greedy loop whose state was
-replaced before a decode step.
+``MODEL_TYPE``. The oracles are the plain transformers model's: its logits and
+its state after a plain forward over each prefix, a forward whose state was
+replaced after a token and continued one token at a time, and a greedy loop
+whose state was replaced before a decode step. A family whose mixer has a
+fast path (a ``FAST`` spec) runs the reads and writes twice: on the mixer's
+own strategy and under `nnterp.fast_states`.
 
 Layers are named by their place among the recurrent blocks (``0`` is the
 first block with a ``linear_attn``), so a hybrid's attention blocks are skipped.
@@ -153,6 +155,19 @@ class StateContract(CheckpointFixtures):
         self.same(path, early, states[:, 2])
         self.same(path, late, states[:, -1])
         self.same(path, some, states[:, [5, -1, 2, 5]])
+
+    def test_reading_every_layers_states_keeps_the_plain_forward(self, reader, plain, prompt, path):
+        """The one pass: with every block's states read, the logits and the states leaving the call are the plain model's."""
+        layers, states = recurrent_layers(reader), []
+        with torch.no_grad(), reader.trace(prompt):
+            for layer in layers:
+                states.append(reader.layers[layer].linear_attn.states.save())
+            logits = reader.logits.save()
+        expected, cache = self.CACHE.prefill(plain, prompt)
+        torch.testing.assert_close(logits, expected, **self.tol(path, expected, self.LOGIT_TOL), msg=note("logits"))
+        for layer, read in zip(layers, states):
+            last = self.CACHE.read(cache, layer)
+            torch.testing.assert_close(self.CACHE.served(read[:, -1]), last, **self.tol(path, last, self.STATE_TOL), msg=note(f"layer {layer}"))
 
     # -- writing the state inside a prompt --------------------------------------------
 
