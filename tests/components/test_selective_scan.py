@@ -1,16 +1,221 @@
-"""SelectiveScan (Mamba-1): its kernels' argument tables, and the spec's block as written on the tiny ``mamba`` checkpoint.
+"""SelectiveScan (Mamba-1): its suite, what it shares with Mamba-2, and its own cases.
 
-The Mamba-1 oracle suite runs for the family in tests/families/test_mamba.py.
+`SelectiveScanSuite` is the state contract (tests/suites/contract.py, against
+transformers' cache) plus what every Mamba-1 family passes; a family's test
+file subclasses it and names ``MODEL_TYPE``. `MambaCases` holds what Mamba-1
+and Mamba-2 (tests/components/test_state_space.py) share: the convolution
+windows on decode steps and the refusals while an optimized kernel package
+(mamba_ssm, causal-conv1d; stood in by `tests.suites.standins`) is bound. The
+own oracles: the selective scan written from the paper's equations
+(tests/reference/recurrences.py). Last, the kernels' argument tables and the
+spec's block as written on the tiny ``mamba`` checkpoint.
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+import nnterp
+from nnterp import NnterpError, NotInTrace, OrderError, ReadOnlyValue, RoutingError, Unavailable
 from nnterp.components.selective_scan import SelectiveScan
 from nnterp.recurrent.arguments import CHANNELS_FIRST, ONE_TOKEN
 from tests.blocks import check_printed, run_block
+from tests.reference import hf_oracles as hf
+from tests.reference.recurrences import selective_scan
+from tests.suites.checkpoint import PROMPT, CheckpointFixtures
+from tests.suites.contract import PaddedBatch, StateContract
 from tests.suites.standins import compiled_kernels, mixer_kernels
+from tests.suites.steps import assert_generate_steps_read_their_own_call
+
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+class MambaCases(CheckpointFixtures):
+    """What the Mamba-1 and Mamba-2 suites share, with the helpers they use."""
+
+    def random_like(self, like: torch.Tensor, scale: float = 3.0, seed: int = 0) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(seed)
+        return scale * torch.randn(like.shape, generator=generator)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def mixers(cls, model) -> list[int]:
+        """The blocks with a recurrent mixer, in order (a hybrid's others have none); the tests use the first two."""
+        return [index for index, layer in enumerate(model.layers) if layer.linear_attn is not None]
+
+    def cached_state(self, plain, ids, layer):
+        with torch.no_grad():
+            return hf.recurrent_state(hf.output_cache(plain(ids, use_cache=True)), layer).clone()
+
+    # -- the convolution window, on decode steps -------------------------------
+
+    def test_conv_windows_are_the_caches_and_carry_from_step_to_step(self, model, plain, ids, mixers):
+        layer = mixers[1]
+        mix = model.layers[layer].linear_attn
+        with torch.no_grad():
+            expected = hf.conv_state(hf.output_cache(plain(ids, use_cache=True)), layer).clone()
+        windows = []
+        with torch.no_grad(), model.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=False) as tracer:
+            for step in tracer.iter[:2]:
+                window = mix.conv_state_input
+                windows.append((window.save() if window is not None else None, mix.conv_state_output.save()))
+        assert windows[0][0] is None, "a fresh prompt's convolution pads with zeros"
+        torch.testing.assert_close(windows[0][1], expected, rtol=0, atol=0)
+        assert torch.equal(windows[1][0], windows[0][1])
+        assert not torch.equal(windows[1][1], windows[0][1]), "the step shifts its input into the window"
+
+    # -- the optimized kernels ---------------------------------------------------
+
+    def test_with_compiled_kernels_values_inside_say_why_and_traces_refuse_to_start(self, model):
+        mixer = model.family.MIXER
+        with compiled_kernels(model.family.MODELING, mixer_kernels(mixer)):
+            support = model.support()
+            reason = support["linear_attn.attention_values"][0]
+            assert "optimized kernel (mamba_ssm)" in reason and "route_kernels" in reason
+            for name, value in mixer.values().items():
+                if name not in ("attention_output", "conv_state_input", "conv_state_output"):
+                    assert support[f"linear_attn.{name}"] is not None, name
+            assert support["layer.layer_output"] is None and support["linear_attn.attention_output"] is None
+            reached = []
+            with pytest.raises(RoutingError, match="route_kernels"):
+                with model.trace(PROMPT):
+                    reached.append(True)
+                    model.layers[0].layer_output.save()
+            assert reached == [], "the trace failed before running anything"
+            with nnterp.route_kernels(model.family, "torch"):
+                assert model.support()["linear_attn.attention_values"] is None
+                with torch.no_grad(), model.trace(PROMPT):
+                    routed = model.logits.save()
+        with torch.no_grad(), model.trace(PROMPT):
+            plain_logits = model.logits.save()
+        torch.testing.assert_close(routed, plain_logits, rtol=0, atol=1e-6)
+
+    def test_inside_a_kernel_a_read_raises_unavailable_with_the_reason(self, model, mixers):
+        with compiled_kernels(model.family.MODELING, mixer_kernels(model.family.MIXER)):
+            reason = model.support()["linear_attn.betas"][0]
+            with pytest.raises(Unavailable) as raised:  # said before anything runs, inside a trace or not
+                model.layers[mixers[0]].linear_attn.betas
+            assert raised.value.reason == reason
+
+
+class SelectiveScanSuite(StateContract, PaddedBatch, MambaCases):
+    """A Mamba-1-like mixer (`SelectiveScan`): set ``MODEL_TYPE``."""
+
+    LOGIT_TOL = dict(rtol=1e-4, atol=1e-4)
+    PROB_TOL = TOL
+
+    def test_labels_are_resolved_from_the_kernels_source(self, model):
+        cls = type(model.layers[0].linear_attn)
+        assert (cls.STATE_OP, cls.STEP_STATE_OP) == ("ssm_state_3", "ssm_state_0")
+        assert cls.CHUNK_KERNEL == "mamba_selective_scan_0" and cls.RECURRENT_KERNEL == "mamba_selective_state_update_0"
+
+    # -- the state after every token ---------------------------------------------
+
+    def test_routed_states_are_the_same(self, model, ids):
+        mix = model.layers[1].linear_attn
+        with torch.no_grad(), model.trace(ids):
+            unrouted = mix.states.save()
+        with nnterp.route_kernels(model.family, "torch"):
+            assert model.support()["linear_attn.states"] is None
+            with torch.no_grad(), model.trace(ids):
+                routed = mix.states.save()
+        assert torch.equal(routed, unrouted)
+
+    def test_state_iterates_over_tokens_with_tracer_iter(self, model, ids):
+        mix = model.layers[0].linear_attn
+        collected = []
+        with torch.no_grad(), model.trace(ids) as tracer:
+            for t in tracer.iter[: ids.shape[1]]:
+                collected.append(mix.state.save())
+        with torch.no_grad(), model.trace(ids):
+            states = mix.states.save()
+        assert torch.equal(torch.stack(collected, 1), states)
+
+    def test_arguments_reproduce_states_and_output_through_the_paper_recurrence(self, model):
+        mix = model.layers[0].linear_attn
+        with torch.no_grad(), model.trace(PROMPT):
+            x, dt = mix.attention_values.save(), mix.dt.save()
+            B, C = mix.attention_keys.save(), mix.attention_queries.save()
+            A, D, z, bias = (mix.argument(name).save() for name in ("A", "D", "z", "dt_bias"))
+            betas, decays = mix.betas.save(), mix.decays.save()
+            states = mix.states.save()
+            y = getattr(mix.source, type(mix).CHUNK_KERNEL).output[0].save()
+        outputs, expected = selective_scan(x, dt, A, B, C, D, z, dt_bias=bias)
+        torch.testing.assert_close(states, expected, **TOL, msg="states")
+        torch.testing.assert_close(y.transpose(1, 2), outputs, **TOL, msg="kernel output")
+        _, from_betas = selective_scan(x, betas, A, B, C, D, z, dt_softplus=False)
+        torch.testing.assert_close(from_betas, expected, **TOL, msg="betas are the step sizes")
+        assert torch.equal(decays, betas[..., None] * A) and (decays <= 0).all() and (betas > 0).all()
+
+    def test_betas_written_reach_the_kernel(self, model):
+        mix = model.layers[0].linear_attn
+        with torch.no_grad(), model.trace(PROMPT):
+            x, A = mix.attention_values.save(), mix.argument("A").save()
+            B, C = mix.attention_keys.save(), mix.attention_queries.save()
+            doubled = (2 * mix.betas).save()
+            mix.betas = doubled
+            states = mix.states.save()
+        _, expected = selective_scan(x, doubled, A, B, C, dt_softplus=False)
+        torch.testing.assert_close(states, expected, **TOL)
+
+    def test_several_tokens_over_a_cache_run_the_prompt_kernel_from_zeros(self, model, ids):
+        mix = model.layers[0].linear_attn
+        cls = type(mix)
+        with torch.no_grad(), model.trace(ids[:, :4]):
+            out = model.output.save()
+        cache = hf.output_cache(out)
+        entering, chosen = [], []
+        with torch.no_grad(), model.trace(ids[:, 4:], **{hf.cache_kwarg(model._module): cache}):
+            chosen.append(cls.KERNEL(mix))
+            entering.append(mix.state_input)
+            states = mix.states.save()
+        assert chosen == [cls.CHUNK_KERNEL] and entering == [None], "transformers' Mamba-1 restarts from zeros there"
+        assert states.shape[1] == ids.shape[1] - 4
+
+    def test_generate_steps_each_read_their_own_call(self, model):
+        assert_generate_steps_read_their_own_call(model, model.layers[0].linear_attn)
+
+    def test_a_decode_step_serves_one_token_and_a_write_reaches_its_update(self, model):
+        mix = model.layers[1].linear_attn
+        read = {}
+        with torch.no_grad(), model.generate(PROMPT, max_new_tokens=2, min_new_tokens=2, do_sample=False) as tracer:
+            for step in tracer.iter[1]:
+                read["entering"] = mix.state_input.save()
+                read["x"], read["B"], read["C"] = mix.attention_values.save(), mix.attention_keys.save(), mix.attention_queries.save()
+                read["A"] = mix.argument("A").save()
+                read["betas"] = (mix.betas * 2).save()
+                mix.betas = read["betas"]
+                read["out"] = mix.state_output.save()
+        x, B, C, A, betas = (read[k] for k in ("x", "B", "C", "A", "betas"))
+        assert x.shape[1] == B.shape[1] == betas.shape[1] == 1, "a sequence axis of one"
+        _, expected = selective_scan(x, betas, A, B, C, dt_softplus=False, initial_state=read["entering"])
+        torch.testing.assert_close(read["out"], expected[:, -1], **TOL)
+
+    # -- bad input ---------------------------------------------------------------
+
+    def test_bad_input_raises_nnterp_errors(self, model, plain, ids):
+        mix = model.layers[0].linear_attn
+        good = self.cached_state(plain, ids, 0)
+        n = ids.shape[1]
+        cases = {
+            "dtype": (lambda: mix.set_state_after(1, good.double()), NnterpError, "dtype"),
+            "shape": (lambda: mix.set_state_after(1, good[:, :3]), NnterpError, "shape"),
+            "range": (lambda: mix.state_after(n), NnterpError, "outside"),
+            "not an int": (lambda: mix.state_after(1.0), NnterpError, "int"),
+            "later read first": (lambda: (mix.state_after(3), mix.set_state_after(1, good)), OrderError, "increasing order"),
+            "argument after the kernel": (lambda: (mix.states, setattr(mix, "dt", mix.dt)), OrderError, "kernel had started"),
+            "argument shape": (lambda: setattr(mix, "attention_values", mix.attention_values[:, :1]), NnterpError, "shape"),
+            "prompt state_input": (lambda: setattr(mix, "state_input", good), NnterpError, "zeros"),
+            "read-only": (lambda: setattr(mix, "states", None), ReadOnlyValue, "set_state_after"),
+            "unknown argument": (lambda: mix.argument("nope"), NnterpError, "one of"),
+        }
+        for name, (action, error, words) in cases.items():
+            with pytest.raises(error, match=words):
+                with torch.no_grad(), model.trace(ids):
+                    action()
+        with pytest.raises(NotInTrace):
+            mix.states
 
 
 def test_the_two_kernels_hold_each_argument_in_their_own_place_and_layout():

@@ -21,7 +21,7 @@ from nnterp import (
     ShapeError,
     WrongType,
 )
-from tests.suites.gated_deltanet import donor_state
+from tests.components.test_gated_deltanet import donor_state
 
 PROMPT = "The Eiffel Tower is in the city of"
 

@@ -1,11 +1,11 @@
-"""Bamba: the state-space-duality oracle suite (tests/suites/state_space.py), and what the family adds."""
+"""Bamba: the state-space-duality oracle suite (tests/components/test_state_space.py), and what the family adds."""
 
 import pytest
 import transformers.models.bamba.modeling_bamba as modeling
 
 from nnterp.components.attention import Attention
 from nnterp.components.state_space import StateSpace
-from tests.suites.state_space import StateSpaceSuite, built
+from tests.components.test_state_space import StateSpaceSuite, built
 
 
 class TestBamba(StateSpaceSuite):

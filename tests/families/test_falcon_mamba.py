@@ -1,11 +1,11 @@
-"""Falcon-Mamba: the Mamba-1 oracle suite (tests/suites/selective_scan.py), and the norms on Δ, B and C the family adds."""
+"""Falcon-Mamba: the Mamba-1 oracle suite (tests/components/test_selective_scan.py), and the norms on Δ, B and C the family adds."""
 
 import torch
 import transformers.models.falcon_mamba.modeling_falcon_mamba as modeling
 
 from nnterp.components.selective_scan import SelectiveScan
+from tests.components.test_selective_scan import PROMPT, TOL, SelectiveScanSuite
 from tests.reference.recurrences import selective_scan
-from tests.suites.selective_scan import PROMPT, TOL, SelectiveScanSuite
 
 
 class TestFalconMamba(SelectiveScanSuite):

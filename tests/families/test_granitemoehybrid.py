@@ -1,10 +1,10 @@
-"""Granite-4.0 hybrids: the state-space-duality oracle suite (tests/suites/state_space.py), and what the family adds."""
+"""Granite-4.0 hybrids: the state-space-duality oracle suite (tests/components/test_state_space.py), and what the family adds."""
 
 import pytest
 import torch
 import transformers.models.granitemoehybrid.modeling_granitemoehybrid as modeling
 
-from tests.suites.state_space import PROMPT, StateSpaceSuite, built
+from tests.components.test_state_space import PROMPT, StateSpaceSuite, built
 
 
 class TestGraniteMoeHybrid(StateSpaceSuite):

@@ -1,4 +1,4 @@
-"""Jamba: the Mamba-1 oracle suite (tests/suites/selective_scan.py), and its layout: blocks and experts where the config says."""
+"""Jamba: the Mamba-1 oracle suite (tests/components/test_selective_scan.py), and its layout: blocks and experts where the config says."""
 
 import pytest
 import torch
@@ -9,7 +9,7 @@ from nnterp import StandardizedTransformer
 from nnterp.components.attention import Attention
 from nnterp.components.selective_scan import SelectiveScan
 from nnterp.testing import tiny_config, tiny_tokenizer
-from tests.suites.selective_scan import PROMPT, SelectiveScanSuite
+from tests.components.test_selective_scan import PROMPT, SelectiveScanSuite
 
 
 def built(**overrides):

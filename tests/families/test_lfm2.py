@@ -1,7 +1,7 @@
-"""LFM2: the gated short convolution suite (tests/suites/short_convolution.py), and its tiny layout."""
+"""LFM2: the gated short convolution suite (tests/components/test_short_convolution.py), and its tiny layout."""
 
 from nnterp.testing import tiny_config
-from tests.suites.short_convolution import ShortConvolutionSuite
+from tests.components.test_short_convolution import ShortConvolutionSuite
 
 
 class TestLfm2(ShortConvolutionSuite):

@@ -3,8 +3,8 @@
 import torch
 
 from nnterp import Unavailable
+from tests.components.test_short_convolution import ShortConvolutionSuite
 from tests.suites.checkpoint import PROMPT
-from tests.suites.short_convolution import ShortConvolutionSuite
 
 
 class TestLfm2Moe(ShortConvolutionSuite):

@@ -1,6 +1,6 @@
-"""Mamba: the Mamba-1 oracle suite (tests/suites/selective_scan.py); the scan's own tests are in tests/components/."""
+"""Mamba: the Mamba-1 oracle suite (tests/components/test_selective_scan.py); the scan's own tests are in tests/components/."""
 
-from tests.suites.selective_scan import SelectiveScanSuite
+from tests.components.test_selective_scan import SelectiveScanSuite
 
 
 class TestMamba(SelectiveScanSuite):

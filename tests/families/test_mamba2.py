@@ -1,6 +1,6 @@
-"""Mamba-2: the state-space-duality oracle suite (tests/suites/state_space.py); the mixer's own tests are in tests/components/."""
+"""Mamba-2: the state-space-duality oracle suite (tests/components/test_state_space.py); the mixer's own tests are in tests/components/."""
 
-from tests.suites.state_space import StateSpaceSuite
+from tests.components.test_state_space import StateSpaceSuite
 
 
 class TestMamba2(StateSpaceSuite):

@@ -1,13 +1,13 @@
-"""MiniMax: the lightning-attention oracle suite (tests/suites/lightning.py), and what the family adds."""
+"""MiniMax: the lightning-attention oracle suite (tests/components/test_lightning_attention.py), and what the family adds."""
 
 import torch
 import transformers.models.minimax.modeling_minimax as modeling
 
 from nnterp.components.lightning_attention import LightningAttention
-from tests.suites.lightning import LightningSuite, lightning_layers
+from tests.components.test_lightning_attention import LightningAttentionSuite, lightning_layers
 
 
-class TestMiniMax(LightningSuite):
+class TestMiniMax(LightningAttentionSuite):
     MODEL_TYPE = "minimax"
 
     def test_lightning_attention_under_self_attn_is_linear_attn(self, model):

@@ -1,4 +1,4 @@
-"""Nemotron-H: the state-space-duality oracle suite (tests/suites/state_space.py), and what the family adds."""
+"""Nemotron-H: the state-space-duality oracle suite (tests/components/test_state_space.py), and what the family adds."""
 
 import pytest
 import torch
@@ -6,7 +6,7 @@ import transformers.models.nemotron_h.modeling_nemotron_h as modeling
 
 import nnterp
 from nnterp.components.state_space import StateSpace
-from tests.suites.state_space import PROMPT, StateSpaceSuite, built
+from tests.components.test_state_space import PROMPT, StateSpaceSuite, built
 
 #: ``config.layers_block_type`` entry -> the HF class of the block's ``mixer``.
 MIXERS = {

@@ -1,4 +1,4 @@
-"""OLMo-Hybrid: the gated-DeltaNet oracle suite (tests/suites/gated_deltanet.py), and what the family adds."""
+"""OLMo-Hybrid: the gated-DeltaNet oracle suite (tests/components/test_gated_deltanet.py), and what the family adds."""
 
 import pytest
 import torch
@@ -7,8 +7,8 @@ import transformers.models.olmo_hybrid.modeling_olmo_hybrid as modeling
 
 from nnterp.components.gated_deltanet import LinearAttention
 from nnterp.recurrent.labels import labels_for
+from tests.components.test_gated_deltanet import PROMPT, GatedDeltaNetSuite
 from tests.reference import hf_oracles as hf
-from tests.suites.gated_deltanet import PROMPT, GatedDeltaNetSuite
 
 
 class TestOlmoHybrid(GatedDeltaNetSuite):

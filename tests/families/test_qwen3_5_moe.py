@@ -1,10 +1,10 @@
-"""Qwen3.5-MoE: the gated-DeltaNet oracle suite (tests/suites/gated_deltanet.py), and what the family adds."""
+"""Qwen3.5-MoE: the gated-DeltaNet oracle suite (tests/components/test_gated_deltanet.py), and what the family adds."""
 
 import torch
 import transformers.models.qwen3_5_moe.modeling_qwen3_5_moe as modeling
 from transformers import AutoConfig
 
-from tests.suites.gated_deltanet import PROMPT, GatedDeltaNetSuite
+from tests.components.test_gated_deltanet import PROMPT, GatedDeltaNetSuite
 
 
 class TestQwen3_5Moe(GatedDeltaNetSuite):

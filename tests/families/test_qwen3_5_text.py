@@ -1,6 +1,6 @@
-"""Qwen3.5: the gated-DeltaNet oracle suite (tests/suites/gated_deltanet.py); the DeltaNet's own tests are in tests/components/."""
+"""Qwen3.5: the gated-DeltaNet oracle suite (tests/components/test_gated_deltanet.py); the DeltaNet's own tests are in tests/components/."""
 
-from tests.suites.gated_deltanet import GatedDeltaNetSuite
+from tests.components.test_gated_deltanet import GatedDeltaNetSuite
 
 
 class TestQwen3_5Text(GatedDeltaNetSuite):

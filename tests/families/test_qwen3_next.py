@@ -1,8 +1,8 @@
-"""Qwen3-Next: the gated-DeltaNet oracle suite (tests/suites/gated_deltanet.py), and what the family adds."""
+"""Qwen3-Next: the gated-DeltaNet oracle suite (tests/components/test_gated_deltanet.py), and what the family adds."""
 
 import transformers.models.qwen3_next.modeling_qwen3_next as modeling
 
-from tests.suites.gated_deltanet import GatedDeltaNetSuite, assert_layer_map_follows_the_config
+from tests.components.test_gated_deltanet import GatedDeltaNetSuite, assert_layer_map_follows_the_config
 
 
 class TestQwen3Next(GatedDeltaNetSuite):

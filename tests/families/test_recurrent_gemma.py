@@ -1,8 +1,8 @@
-"""RecurrentGemma: the RG-LRU suite (tests/suites/rg_lru.py) on its two recurrent blocks, and its attention block."""
+"""RecurrentGemma: the RG-LRU suite (tests/components/test_rg_lru.py) on its two recurrent blocks, and its attention block."""
 
 import torch
 
-from tests.suites.rg_lru import RGLRUSuite
+from tests.components.test_rg_lru import RGLRUSuite
 
 
 class TestRecurrentGemma(RGLRUSuite):

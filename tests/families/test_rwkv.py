@@ -9,8 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from nnterp import NnterpError
+from tests.components.test_wkv import WKVSuite
 from tests.suites.checkpoint import OTHER, PROMPT
-from tests.suites.wkv import WKVSuite
 
 
 def _weights(model) -> dict:

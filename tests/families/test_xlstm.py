@@ -1,11 +1,11 @@
-"""xLSTM: the mLSTM oracle suite (tests/suites/mlstm.py), and what the family adds: a block's parts, no padding mask."""
+"""xLSTM: the mLSTM oracle suite (tests/components/test_mlstm.py), and what the family adds: a block's parts, no padding mask."""
 
 import pytest
 import torch
 
 import nnterp
+from tests.components.test_mlstm import MLSTMSuite
 from tests.suites.checkpoint import OTHER, PROMPT
-from tests.suites.mlstm import MLSTMSuite
 
 
 class TestXLSTM(MLSTMSuite):

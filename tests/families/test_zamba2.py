@@ -1,10 +1,10 @@
-"""Zamba2: the state-space-duality oracle suite (tests/suites/state_space.py), and what the family adds: the shared transformer block."""
+"""Zamba2: the state-space-duality oracle suite (tests/components/test_state_space.py), and what the family adds: the shared transformer block."""
 
 import torch
 
 from nnterp.components.attention import Attention
 from nnterp.components.state_space import StateSpace
-from tests.suites.state_space import PROMPT, StateSpaceSuite
+from tests.components.test_state_space import PROMPT, StateSpaceSuite
 
 
 class TestZamba2(StateSpaceSuite):

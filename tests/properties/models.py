@@ -38,7 +38,7 @@ from nnterp.testing.checkpoints import _build_model, _tokens
 NOT_COVERED = {
     "RGLRU": (
         "RecurrentGemma keeps its state on its modules, not in the cache object tests/reference/hf_oracles.py reads, "
-        "and transformers mixes left padding into its rows (Family.PADDING_DIFFERS): tests/suites/rg_lru.py tests it "
+        "and transformers mixes left padding into its rows (Family.PADDING_DIFFERS): tests/components/test_rg_lru.py tests it "
         "against its own oracles (tests/reference/rg_lru.py)"
     ),
 }

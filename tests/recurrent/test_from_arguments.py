@@ -1,9 +1,11 @@
 """The fast path on a model (`nnterp.fast_states`), against HF-cache oracles.
 
-On Qwen3.5 first, in depth, then on every registered family whose mixer has a
-fast path (a ``FAST`` spec). The oracles are the same as the routed path's:
-transformers' own cache after each prefix, a forward continued token by token
-from a replaced cached state, and a plain greedy loop with a state replaced.
+On Qwen3.5, in depth, against the routed path's oracles: transformers' own
+cache after each prefix, a forward continued token by token from a replaced
+cached state, and a plain greedy loop with a state replaced. On every
+registered family whose mixer has a fast path (a ``FAST`` spec), the state
+contract (tests/suites/contract.py) runs its reads and writes on the fast path
+too; here, the fast path against the spec's own path, and in bfloat16.
 """
 
 from __future__ import annotations
@@ -307,47 +309,21 @@ def tolerance(expected):
     return {"rtol": 1e-4, "atol": 1e-5 * max(1.0, expected.abs().max().item())}
 
 
+# The fast path against the cache after each prefix, a left-padded batch and a forward continued from a replaced
+# cache, on every family with a FAST spec: the state contract's "fast" runs (tests/suites/contract.py).
+
+
 @pytest.mark.parametrize("model_type", FAST)
-def test_every_family_states_equal_the_cache_and_the_spec_path(loaded, model_type):
+def test_every_family_states_equal_the_spec_path(loaded, model_type):
     model, plain = loaded(model_type)
     ids = model.tokenizer(LONG, return_tensors="pt").input_ids
     layer = mixers(model)[1]
     with torch.no_grad(), model.trace(ids):
         states = model.layers[layer].linear_attn.states.save()
-    expected = hf.prefix_states(plain, ids, layer)
-    torch.testing.assert_close(states, expected, **tolerance(expected))
     with fast_states(model, enabled=False), per_token_path(model):
         with torch.no_grad(), model.trace(ids):
             spec_states = model.layers[layer].linear_attn.states.save()
-    torch.testing.assert_close(states, spec_states, **tolerance(expected))
-
-
-@pytest.mark.parametrize("model_type", FAST)
-def test_every_family_left_padded_batch(loaded, model_type):
-    model, plain = loaded(model_type)
-    layer = mixers(model)[0]
-    with torch.no_grad(), model.trace([PROMPT, OTHER]):
-        states = model.layers[layer].linear_attn.states.save()
-    for row, prompt in enumerate((PROMPT, OTHER)):
-        row_ids = model.tokenizer(prompt, return_tensors="pt").input_ids
-        pad = states.shape[1] - row_ids.shape[1]
-        expected = hf.prefix_states(plain, row_ids, layer)[0]
-        torch.testing.assert_close(states[row, pad:], expected, **tolerance(expected))
-
-
-@pytest.mark.parametrize("model_type", FAST)
-@pytest.mark.parametrize("T", [2, -3])
-def test_every_family_set_state_after_continues_like_a_replaced_cache(loaded, model_type, T):
-    model, plain = loaded(model_type)
-    ids = model.tokenizer(LONG, return_tensors="pt").input_ids
-    layer = mixers(model)[0]
-    mix = model.layers[layer].linear_attn
-    value = state_donor(mix)
-    with torch.no_grad(), model.trace(ids):
-        mix.set_state_after(T, value)
-        logits = model.logits.save()
-    expected = hf.continue_from_state(plain, ids, T % ids.shape[1], layer, value)
-    torch.testing.assert_close(logits[:, -1], expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(states, spec_states, **tolerance(spec_states))
 
 
 @pytest.mark.parametrize("model_type", FAST)

@@ -18,11 +18,11 @@ from transformers import AutoModelForCausalLM
 from nnterp import StandardizedTransformer
 from nnterp.components import lightning_one_pass
 from nnterp.core.errors import OrderError
+from tests.components.test_lightning_attention import ATOL, CACHE, KW, lightning_layers
 from tests.reference import hf_oracles as hf
 from tests.reference.calls import counting_builtin
 from tests.reference.lightning import lightning_recurrence
 from tests.suites.checkpoint import PROMPT, CheckpointFixtures
-from tests.suites.lightning import ATOL, KW, greedy, lightning_layers, prefix_states
 
 TOL = {"atol": ATOL, "rtol": 1e-4}
 
@@ -55,7 +55,7 @@ class TestLightningOnePass(CheckpointFixtures):
         cache = hf.output_cache(out)
         assert ids.shape[1] > 2 * model._module.config.block_size, "several blocks"
         for i, read, final in zip(layers, states, finals):
-            torch.testing.assert_close(read, prefix_states(plain, ids, i), **TOL)
+            torch.testing.assert_close(read, CACHE.prefix_states(plain, ids, i), **TOL)
             torch.testing.assert_close(final, cache.linear_cache[i], **TOL)
             assert torch.equal(read[:, -1], final), "the call's final state is the pass's last"
 
@@ -75,7 +75,7 @@ class TestLightningOnePass(CheckpointFixtures):
                 for i in layers:
                     model.layers[i].linear_attn.states.save()
             result = tracer.result.save()
-        assert torch.equal(result, greedy(plain, ids))
+        assert torch.equal(result, CACHE.greedy(plain, ids, KW["max_new_tokens"]))
 
     # -- the paths where the block loop runs ---------------------------------------------
 
@@ -86,7 +86,7 @@ class TestLightningOnePass(CheckpointFixtures):
             states = model.layers[layer].linear_attn.states.save()
             logits = model.logits.save()
         assert len(calls) == 4 * blocks(model, ids) * len(lightning_layers(model))
-        torch.testing.assert_close(states, prefix_states(plain, ids, layer), **TOL)
+        torch.testing.assert_close(states, CACHE.prefix_states(plain, ids, layer), **TOL)
         with torch.no_grad():
             torch.testing.assert_close(logits, plain(ids).logits, **TOL)
 
@@ -99,7 +99,7 @@ class TestLightningOnePass(CheckpointFixtures):
                 logits = model.logits.save()
         ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
         assert len(calls) == 4 * blocks(model, ids) * len(lightning_layers(model)), "a skip must cover every row"
-        torch.testing.assert_close(states[:1], prefix_states(plain, ids, layer), **TOL)
+        torch.testing.assert_close(states[:1], CACHE.prefix_states(plain, ids, layer), **TOL)
         with torch.no_grad():
             torch.testing.assert_close(logits[-1:], plain(ids).logits, **TOL)
 
@@ -113,7 +113,7 @@ class TestLightningOnePass(CheckpointFixtures):
             with loss.backward():
                 grad = states.grad.save()
         assert len(calls) == 4 * blocks(model, ids) * len(lightning_layers(model))
-        torch.testing.assert_close(kept.detach(), prefix_states(plain, ids, layer), **TOL)
+        torch.testing.assert_close(kept.detach(), CACHE.prefix_states(plain, ids, layer), **TOL)
         assert grad.shape == kept.shape and grad[:, :-1].abs().sum() > 0
 
     def test_a_write_or_a_read_inside_the_loop_first_keeps_the_loop(self, model, plain, ids):

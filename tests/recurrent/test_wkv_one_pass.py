@@ -15,9 +15,17 @@ import torch
 
 from nnterp import OrderError
 from nnterp.components import wkv_one_pass
+from tests.components.test_wkv import (
+    CACHE,
+    TOL,
+    continue_from_state,
+    fresh_state,
+    prefix_states,
+    set_wkv_state,
+    wkv_state,
+)
 from tests.reference.calls import counting
 from tests.suites.checkpoint import OTHER, PROMPT, CheckpointFixtures
-from tests.suites.wkv import TOL, continue_from_state, fresh_state, greedy, prefix_states, set_wkv_state, wkv_state
 
 
 class TestWkvOnePass(CheckpointFixtures):
@@ -137,4 +145,4 @@ class TestWkvOnePass(CheckpointFixtures):
                 model.layers[0].linear_attn.states  # the prompt's call: layer 0's loop skipped
                 out.append(tracer.result.save())
         assert len(calls) == len(model.layers) - 1 + 2 * len(model.layers), "layer 1's prompt call and the two steps run"
-        assert torch.equal(out[0], greedy(plain, ids, 3, suppress=(model.tokenizer.eos_token_id,)))
+        assert torch.equal(out[0], CACHE.greedy(plain, ids, 3))

@@ -1,29 +1,24 @@
-"""`WKVSuite`: the tests every RWKV-4-like family passes, against oracles that do not use nnterp.
-
-A family's test file mixes it in and names its checkpoint::
-
-    class TestRwkv(WKVSuite):
-        MODEL_TYPE = "rwkv"
+"""The RWKV-4 time mixing (`WKV`): its suite and its own cases.
 
 The model carries no cache object: its state is the list of five
 ``[batch, hidden, layers]`` tensors it returns as ``state`` and takes back
-with ``state=`` (0 the channel mixing's shift, 1 the time mixing's shift,
-2 / 3 / 4 the WKV numerator / denominator / maximum). The oracles: that state
-after a plain forward over each prefix; a plain forward continued token by
-token from a replaced state; a plain greedy loop with the state replaced
-before a decode step; the WKV written from the paper (tests/reference/wkv.py).
+with ``state=`` (`tests.suites.caches.WKVState`). `WKVSuite` is the state
+contract (tests/suites/contract.py) against that state, plus what the kind
+adds: the kernel's arguments and written ones through the WKV written from the
+paper (tests/reference/wkv.py), a read-modify-write, the token shift, effective
+attention, the errors. A family's test file subclasses it and names ``MODEL_TYPE``.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import pytest
 import torch
 
 from nnterp import NnterpError, NotInTrace, OrderError, ReadOnlyValue
 from tests.reference.wkv import wkv
-from tests.suites.checkpoint import OTHER, PROMPT, CheckpointFixtures
+from tests.suites.caches import WKVState
+from tests.suites.checkpoint import OTHER, PROMPT
+from tests.suites.contract import StateContract
 
 NEW = 4
 TOL = dict(rtol=1e-4, atol=1e-5)
@@ -31,82 +26,27 @@ WKV_PARTS = (2, 3, 4)
 SHIFT = 1
 
 
-# -- oracles: transformers' own model and its state list ------------------------------------
+CACHE = WKVState()
+wkv_state, set_wkv_state, fresh_state, prefix_states = CACHE.read, CACHE.write, CACHE.fresh, CACHE.prefix_states
 
 
-def wkv_state(state: list, layer: int) -> torch.Tensor:
-    """Layer ``layer``'s WKV state in a model's state list, as nnterp serves it: ``[batch, 3, channels]``, a copy."""
-    return torch.stack([state[i][:, :, layer] for i in WKV_PARTS], 1).clone()
-
-
-def set_wkv_state(state: list, layer: int, value: torch.Tensor) -> None:
-    for i, part in zip(WKV_PARTS, value.unbind(1)):
-        state[i][:, :, layer] = part
-
-
-def fresh_state(plain, batch: int) -> list:
-    """The state list the model starts a prompt from (as its forward builds it): zeros, the maximum at -1e30."""
-    config = plain.config
-    state = [torch.zeros(batch, config.hidden_size, config.num_hidden_layers) for _ in range(5)]
-    state[4] -= 1e30
-    return state
-
-
-@torch.no_grad()
-def prefix_states(plain, ids: torch.Tensor, layer: int) -> torch.Tensor:
-    """The state the model returns after each prefix ``ids[:, :t+1]``, ``[batch, seq, 3, channels]``."""
-    return torch.stack([wkv_state(plain(ids[:, : t + 1], use_cache=True).state, layer) for t in range(ids.shape[1])], 1)
-
-
-@torch.no_grad()
 def continue_from_state(plain, ids: torch.Tensor, T: int, layer: int, value: torch.Tensor) -> torch.Tensor:
-    """The logits of every token after ``T`` once ``layer``'s WKV state after ``T`` is replaced, ``[batch, seq - T - 1, vocab]``.
-
-    The prefix runs with the model's state, which is replaced, then the rest is fed one token at a time.
-    """
-    out = plain(ids[:, : T + 1], use_cache=True)
-    state = out.state
-    set_wkv_state(state, layer, value)
-    logits = []
-    for i in range(T + 1, ids.shape[1]):
-        out = plain(ids[:, i : i + 1], state=state, use_cache=True)
-        state = out.state
-        logits.append(out.logits[:, -1])
-    return torch.stack(logits, 1)
+    """The logits of every token after ``T`` once ``layer``'s WKV state after ``T`` is replaced, ``[batch, seq - T - 1, vocab]``."""
+    return CACHE.continue_from(plain, ids, T, layer, value)[0]
 
 
-@torch.no_grad()
-def greedy(plain, ids: torch.Tensor, new: int, patch: Callable[[int, list], None] | None = None, suppress: tuple = ()) -> torch.Tensor:
-    """A plain greedy loop threading the state; ``patch(step, state)`` before decode step ``step`` (1 .. new - 1)."""
-    out = plain(ids, use_cache=True)
-    for step in range(1, new + 1):
-        logits = out.logits[:, -1].clone()
-        logits[:, list(suppress)] = float("-inf")  # generate's min_new_tokens never picks EOS
-        chosen = logits.argmax(-1, keepdim=True)
-        ids = torch.cat([ids, chosen], 1)
-        if step == new:
-            break
-        state = out.state
-        if patch is not None:
-            patch(step, state)
-        out = plain(chosen, state=state, use_cache=True)
-    return ids
+class WKVSuite(StateContract):
+    """An RWKV-4 time mixing (`WKV`): set ``MODEL_TYPE``."""
 
+    CACHE = CACHE
+    PROB_TOL = TOL
+    DECODE_WRITES = (("state_input", 1), ("state_output", 1))
+    DECODE_WRITE_LAYERS = (1,)
 
-class WKVSuite(CheckpointFixtures):
-    """Tests of an RWKV-4 time mixing (`WKV`): set ``MODEL_TYPE``."""
-
-    def suppress(self, model) -> tuple:
-        return (model.tokenizer.eos_token_id,)
-
-    def donor(self, plain, layer: int) -> torch.Tensor:
+    def donor(self, model, plain, layer: int, scale: float = 1.0, seed: int = 0) -> torch.Tensor:
         """Another prompt's state at ``layer``: a real state, far from this prompt's."""
         with torch.no_grad():
-            return wkv_state(plain(self.other_ids, use_cache=True).state, layer)
-
-    @pytest.fixture(autouse=True)
-    def _other(self, model):
-        self.other_ids = model.tokenizer(OTHER, return_tensors="pt").input_ids
+            return wkv_state(plain(model.tokenizer(OTHER, return_tensors="pt").input_ids, use_cache=True).state, layer)
 
     # -- labels -------------------------------------------------------------------
 
@@ -115,18 +55,9 @@ class WKVSuite(CheckpointFixtures):
         assert cls.CHUNK_KERNEL == cls.RECURRENT_KERNEL == "rwkv_linear_attention_0"
         assert (cls.NUM_OP, cls.DEN_OP, cls.STATE_OP) == ("num_state_1", "den_state_1", "max_state_1")
         assert (cls.NUMERATOR_OP, cls.DENOMINATOR_OP, cls.LOOP_CALL) == ("numerator_0", "denominator_0", "rwkv_linear_attention_cpu_0")
+        assert model.support()["linear_attn.states"] is None, "served on CPU with no routing"
 
     # -- the state after every token ---------------------------------------------
-
-    @pytest.mark.parametrize("layer", [0, 1])
-    def test_states_equal_the_models_state_after_each_prefix(self, model, plain, ids, layer):
-        mix = model.layers[layer].linear_attn
-        with torch.no_grad(), model.trace(ids):
-            states = mix.states.save()
-            final = mix.state_output.save()
-        torch.testing.assert_close(states, prefix_states(plain, ids, layer), **TOL)
-        assert torch.equal(states[:, -1], final)
-        assert model.support()["linear_attn.states"] is None, "served on CPU with no routing"
 
     def test_state_iterates_over_tokens_with_tracer_iter(self, model, ids):
         mix = model.layers[0].linear_attn
@@ -181,52 +112,6 @@ class WKVSuite(CheckpointFixtures):
 
     # -- decode steps against a plain greedy loop ------------------------------
 
-    @pytest.mark.parametrize("layer", [0, 1])
-    def test_decode_state_input_and_output_are_the_models_state_before_and_after(self, model, plain, ids, layer):
-        mix = model.layers[layer].linear_attn
-        entering, leaving = [], []
-        with torch.no_grad(), model.generate(PROMPT, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False) as tracer:
-            for step in tracer.iter[:NEW]:
-                state = mix.state_input
-                entering.append(state.save() if state is not None else None)
-                leaving.append(mix.state_output.save())
-            generated = tracer.result.save()
-        before = {}
-        expected = greedy(plain, ids, NEW, patch=lambda step, state: before.__setitem__(step, wkv_state(state, layer)), suppress=self.suppress(model))
-        assert torch.equal(generated, expected)
-        assert entering[0] is None, "nothing enters the prompt"
-        for step in range(1, NEW):
-            torch.testing.assert_close(entering[step], before[step], **TOL, msg=f"entering step {step}")
-            torch.testing.assert_close(leaving[step - 1], before[step], **TOL, msg=f"leaving step {step - 1}")
-
-    def test_assigning_state_input_on_a_decode_step_changes_ids_as_a_plain_loop(self, model, plain, ids):
-        layer = 1
-        donor = self.donor(plain, layer)
-        mix = model.layers[layer].linear_attn
-        with torch.no_grad(), model.generate(PROMPT, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False) as tracer:
-            for step in tracer.iter[1]:
-                mix.state_input = donor
-            patched = tracer.result.save()
-
-        def patch(step, state):
-            if step == 1:
-                set_wkv_state(state, layer, donor)
-
-        expected = greedy(plain, ids, NEW, patch=patch, suppress=self.suppress(model))
-        assert torch.equal(patched, expected)
-        assert not torch.equal(patched, greedy(plain, ids, NEW, suppress=self.suppress(model))), "the patch changes the continuation"
-
-    def test_state_output_written_on_a_decode_step_is_what_the_next_step_starts_from(self, model, plain, ids):
-        layer = 0
-        donor = self.donor(plain, layer)
-        mix = model.layers[layer].linear_attn
-        with torch.no_grad(), model.generate(PROMPT, max_new_tokens=3, min_new_tokens=3, do_sample=False) as tracer:
-            for step in tracer.iter[1]:
-                mix.state_output = donor
-            for step in tracer.iter[2]:
-                entering = mix.state_input.save()
-        assert torch.equal(entering, donor)
-
     def test_generate_steps_each_read_their_own_call(self, model):
         mix = model.layers[0].linear_attn
         with torch.no_grad(), model.trace(PROMPT):
@@ -242,20 +127,6 @@ class WKVSuite(CheckpointFixtures):
         assert torch.equal(stacks[2][:, 0], outs[2]) and not torch.equal(stacks[2][:, 0], outs[1])
 
     # -- writing the state inside a prompt ---------------------------------------
-
-    @pytest.mark.parametrize("T", [2, 5])
-    def test_set_state_after_continues_as_the_model_from_a_replaced_state(self, model, plain, ids, T):
-        layer = 1
-        donor = self.donor(plain, layer)
-        mix = model.layers[layer].linear_attn
-        with torch.no_grad(), model.trace(ids):
-            before = mix.state_after(T - 1).save()
-            mix.set_state_after(T, donor)
-            after = mix.state_after(T).save()
-            logits = model.logits.save()
-        torch.testing.assert_close(logits[:, T + 1 :], continue_from_state(plain, ids, T, layer, donor), **TOL)
-        assert torch.equal(after, donor)
-        torch.testing.assert_close(before, prefix_states(plain, ids[:, :T], layer)[:, -1], **TOL)
 
     def test_a_read_then_a_write_at_the_same_token_and_the_next_read(self, model, plain, ids):
         # Read-modify-write at T: the tokens after T continue from the halved state.
@@ -277,7 +148,7 @@ class WKVSuite(CheckpointFixtures):
 
     def test_set_state_after_the_last_token_is_the_returned_state(self, model, plain, ids):
         layer = 1
-        donor = self.donor(plain, layer)
+        donor = self.donor(model, plain, layer)
         mix = model.layers[layer].linear_attn
         with torch.no_grad(), model.trace(ids):
             mix.set_state_after(-1, donor)
@@ -287,7 +158,7 @@ class WKVSuite(CheckpointFixtures):
 
     def test_state_input_written_on_a_prompt_continues_from_it(self, model, plain, ids):
         layer = 0
-        donor = self.donor(plain, layer)
+        donor = self.donor(model, plain, layer)
         mix = model.layers[layer].linear_attn
         with torch.no_grad(), model.trace(ids):
             mix.state_input = donor
@@ -328,13 +199,13 @@ class WKVSuite(CheckpointFixtures):
             if step == 1:
                 state[SHIFT][:, :, layer] = 0
 
-        assert torch.equal(patched, greedy(plain, ids, 3, patch=patch, suppress=self.suppress(model)))
+        assert torch.equal(patched, CACHE.greedy(plain, ids, 3, patch=patch))
 
     # -- bad input ---------------------------------------------------------------
 
     def test_bad_input_raises_nnterp_errors(self, model, plain, ids):
         mix = model.layers[0].linear_attn
-        good = self.donor(plain, 0)
+        good = self.donor(model, plain, 0)
         n = ids.shape[1]
         cases = {
             "dtype": (lambda: mix.set_state_after(1, good.double()), NnterpError, "dtype"),

@@ -1,17 +1,11 @@
-"""`LightningSuite`: the oracle checks a lightning-attention family (MiniMax) passes.
+"""Lightning attention (`LightningAttention`, MiniMax): its suite and its own cases.
 
-A family's test file mixes it in and names its checkpoint::
-
-    class TestMiniMax(LightningSuite):
-        MODEL_TYPE = "minimax"
-
-Every check compares what nnterp reads or writes on a family's ``linear_attn``
-with an oracle that does not use nnterp: the model's own cache
-(``cache.linear_cache``) after a plain forward over each prefix, a plain
-forward continued one token at a time from a replaced cached state, a plain
-greedy loop with a state replaced before a decode step, a plain model whose
-decay buffers are rebuilt from other rates, and the recurrence written from the
-paper (`tests.reference.lightning`).
+`LightningAttentionSuite` is the state contract (tests/suites/contract.py,
+against the model's own ``cache.linear_cache``) plus what the kind adds,
+against oracles that do not use nnterp: a plain forward continued from two
+replaced states, a plain model whose decay buffers are rebuilt from other
+rates, and the recurrence written from the paper (`tests.reference.lightning`).
+A family's test file subclasses it and names ``MODEL_TYPE``.
 """
 
 from __future__ import annotations
@@ -23,16 +17,15 @@ import torch
 
 from nnterp import Unavailable
 from nnterp.core.errors import OrderError
-from tests.reference import hf_oracles as hf
 from tests.reference.lightning import lightning_recurrence
-from tests.suites.checkpoint import PROMPT, CheckpointFixtures
+from tests.suites.caches import LinearCache
+from tests.suites.checkpoint import PROMPT
+from tests.suites.contract import StateContract, recurrent_layers
 
 ATOL = 2e-5
 KW = dict(max_new_tokens=3, min_new_tokens=3, do_sample=False)
-
-
-def lightning_layers(model) -> list[int]:
-    return [i for i, layer in enumerate(model.layers) if layer.linear_attn is not None]
+CACHE = LinearCache()
+lightning_layers = recurrent_layers
 
 
 def donor_state(model, layer: int, seed: int = 0) -> torch.Tensor:
@@ -41,48 +34,30 @@ def donor_state(model, layer: int, seed: int = 0) -> torch.Tensor:
     return 3 * torch.randn(shape, generator=torch.Generator().manual_seed(seed))
 
 
-def forward(plain, ids, cache=None, start=0):
-    """One plain call from position ``start``, positions passed as generate passes them."""
-    kwargs = {"use_cache": True, "position_ids": torch.arange(start, start + ids.shape[1])[None]}
-    if cache is not None:
-        kwargs[hf.cache_kwarg(plain)] = cache
-    return plain(input_ids=ids, **kwargs)
-
-
 @torch.no_grad()
-def prefix_states(plain, ids, layer) -> torch.Tensor:
-    """The cached state of ``layer`` after each prefix, from independent plain forwards: ``[1, T, H, Dk, Dv]``."""
-    return torch.stack([hf.output_cache(forward(plain, ids[:, : t + 1])).linear_cache[layer].clone() for t in range(ids.shape[1])], 1)
-
-
-@torch.no_grad()
-def continue_from(plain, ids, writes: dict, layer) -> tuple:
-    """Last logits and final cached state after replacing ``layer``'s cached state after each token in ``writes``,
-    the rest fed one token at a time."""
+def continue_from(plain, ids, writes: dict, layer) -> torch.Tensor:
+    """Last logits after replacing ``layer``'s cached state after each token in ``writes``, the rest fed one token at a time."""
     first = min(writes)
-    out = forward(plain, ids[:, : first + 1])
-    cache = hf.output_cache(out)
-    cache.set_linear_cache(layer, writes[first].clone())
+    _, cache = CACHE.prefill(plain, ids[:, : first + 1])
+    CACHE.write(cache, layer, writes[first])
     for i in range(first + 1, ids.shape[1]):
-        out = forward(plain, ids[:, i : i + 1], cache, start=i)
+        logits, cache = CACHE.step(plain, ids[:, i : i + 1], i, cache)
         if i in writes:
-            cache.set_linear_cache(layer, writes[i].clone())
-    return out.logits[:, -1], cache.linear_cache[layer]
+            CACHE.write(cache, layer, writes[i])
+    return logits[:, -1]
 
 
-def greedy(plain, ids, patch=None, record=None):
-    """The plain greedy loop (EOS never chosen, as generate's min_new_tokens); ``record(step, cache)`` after each call."""
-    def patched(step, cache):
-        if record is not None:
-            record(step, cache)
-        if patch is not None:
-            patch(step, cache)
+class LightningAttentionSuite(StateContract):
+    """Lightning attention (`LightningAttention`): set ``MODEL_TYPE``."""
 
-    return hf.greedy(plain, ids, KW["max_new_tokens"], patch=patched, suppress_tokens=(plain.config.eos_token_id,))
-
-
-class LightningSuite(CheckpointFixtures):
-    """Lightning attention against the model's own cache, plain forwards and the paper's recurrence."""
+    CACHE = CACHE
+    STATE_TOL = LOGIT_TOL = dict(rtol=1e-4, atol=ATOL)
+    STATE_LAYERS = (0, 1, 2)
+    WRITE_AT = (1, 3, 6, -1)
+    CHANGE_ATOL = 1e-3
+    DECODE_LAYERS = (-1,)
+    DECODE_WRITES = (("state_input", 1), ("set_state_after", 1))
+    DECODE_SCALE = 3.0
 
     def test_every_value_is_served_or_says_why(self, model):
         support = model.support()
@@ -103,19 +78,10 @@ class LightningSuite(CheckpointFixtures):
             model.layers[i].self_attn is not None for i, kind in enumerate(kinds) if kind == "full_attention"
         )
 
-    def test_states_equal_the_cache_after_each_prefix(self, model, plain, ids):
-        layers = lightning_layers(model)
-        got = []
-        with torch.no_grad(), model.trace(ids):
-            for i in layers:
-                got.append(model.layers[i].linear_attn.states.save())
-        assert ids.shape[1] > 2 * model._module.config.block_size  # several blocks, so the block ends are crossed
-        for i, states in zip(layers, got):
-            torch.testing.assert_close(states, prefix_states(plain, ids, i), atol=ATOL, rtol=1e-4, msg=f"layer {i}")
-
     def test_served_arguments_reproduce_the_states_by_the_papers_recurrence(self, model, ids):
         layer = lightning_layers(model)[1]
         mix = model.layers[layer].linear_attn
+        assert ids.shape[1] > 2 * model._module.config.block_size  # several blocks, so the block ends are crossed
         with torch.no_grad(), model.trace(ids):
             q, k, v, g = (x.save() for x in (mix.attention_queries, mix.attention_keys, mix.attention_values, mix.decays))
             states = mix.states.save()
@@ -127,25 +93,6 @@ class LightningSuite(CheckpointFixtures):
         torch.testing.assert_close(state_9, expected[:, 9], atol=ATOL, rtol=1e-4)
         torch.testing.assert_close(final, expected[:, -1], atol=ATOL, rtol=1e-4)
 
-    @pytest.mark.parametrize("T", [1, 3, 6, -1])
-    def test_set_state_after_equals_a_forward_continued_from_a_replaced_cache(self, model, plain, ids, T):
-        layer = lightning_layers(model)[1]
-        mix, donor = model.layers[layer].linear_attn, donor_state(model, layer)
-        position = T % ids.shape[1]
-        with torch.no_grad(), model.trace(ids):
-            before = mix.state_after(position - 1).save() if position else None
-            mix.set_state_after(T, donor)
-            after = mix.state_after(T).save()
-            final = mix.state_output.save()
-            logits = model.logits[:, -1].save()
-        expected, cached = continue_from(plain, ids, {position: donor}, layer)
-        torch.testing.assert_close(logits, expected, atol=ATOL, rtol=1e-4)
-        torch.testing.assert_close(final, cached, atol=ATOL, rtol=1e-4)
-        assert torch.equal(after, donor)
-        if before is not None:
-            torch.testing.assert_close(before, prefix_states(plain, ids, layer)[:, position - 1], atol=ATOL, rtol=1e-4)
-        assert not torch.allclose(logits, plain(ids).logits[:, -1], atol=1e-3) or position == ids.shape[1] - 1
-
     def test_two_writes_in_one_call_and_token_t_keeps_its_output(self, model, plain, ids):
         layer = lightning_layers(model)[0]
         mix = model.layers[layer].linear_attn
@@ -154,47 +101,13 @@ class LightningSuite(CheckpointFixtures):
             for t, value in writes.items():
                 mix.set_state_after(t, value)
             logits = model.logits.save()
-        expected, _ = continue_from(plain, ids, writes, layer)
+        expected = continue_from(plain, ids, writes, layer)
         torch.testing.assert_close(logits[:, -1], expected, atol=ATOL, rtol=1e-4)
         clean = plain(ids).logits
         torch.testing.assert_close(logits[:, :3], clean[:, :3], atol=0, rtol=0)  # tokens up to the first write, as computed
         with pytest.raises(OrderError), model.trace(ids):
             mix.state_output
             mix.set_state_after(1, writes[2])
-
-    def test_state_output_of_each_decode_step_equals_the_greedy_loops_cache(self, model, plain, ids):
-        layer = lightning_layers(model)[-1]
-        mix = model.layers[layer].linear_attn
-        got = []
-        with torch.no_grad(), model.generate(ids, **KW) as tracer:
-            for _ in tracer.iter[:3]:
-                got.append(mix.state_output.save())
-            result = tracer.result.save()
-        cached = {}
-        expected_ids = greedy(plain, ids, record=lambda step, cache: cached.__setitem__(step, cache.linear_cache[layer].clone()))
-        assert torch.equal(result, expected_ids)
-        for step in (1, 2):  # the state entering decode step `step` is what the call before it left
-            torch.testing.assert_close(got[step - 1], cached[step], atol=ATOL, rtol=1e-4)
-
-    def test_decode_step_writes_equal_a_greedy_loop_with_a_replaced_cache(self, model, plain, ids):
-        layer = lightning_layers(model)[0]
-        mix, donor = model.layers[layer].linear_attn, donor_state(model, layer)
-
-        def patch_at(step):
-            return lambda s, cache: cache.set_linear_cache(layer, donor.clone()) if s == step else None
-
-        with torch.no_grad(), model.generate(ids, **KW) as tracer:
-            for _ in tracer.iter[1]:
-                entering = mix.state_input.save()
-                mix.state_input = donor
-            written = tracer.result.save()
-        assert entering is not None and torch.equal(written, greedy(plain, ids, patch=patch_at(1)))
-        assert not torch.equal(written, greedy(plain, ids))
-        with torch.no_grad(), model.generate(ids, **KW) as tracer:
-            for _ in tracer.iter[1]:
-                mix.set_state_after(0, donor)  # the step's own token keeps its output; the next step starts from donor
-            after = tracer.result.save()
-        assert torch.equal(after, greedy(plain, ids, patch=patch_at(2)))
 
     def test_written_decays_equal_a_model_with_other_rates(self, model, plain, ids):
         layer = lightning_layers(model)[1]
@@ -260,10 +173,10 @@ class LightningSuite(CheckpointFixtures):
             mix.state_input = donor  # the forward then takes its token loop from donor
             states = mix.states.save()
             logits = model.logits[:, -1].save()
-        cache = type(hf.output_cache(forward(plain, ids[:, :1])))()
+        cache = type(CACHE.prefill(plain, ids[:, :1])[1])()
         cache.set_linear_cache(layer, donor.clone())
         with torch.no_grad():
-            expected = forward(plain, ids, cache).logits[:, -1]
+            expected = CACHE.step(plain, ids, 0, cache)[0][:, -1]
         torch.testing.assert_close(logits, expected, atol=ATOL, rtol=1e-4)
         torch.testing.assert_close(states[:, -1], cache.linear_cache[layer], atol=ATOL, rtol=1e-4)
         with torch.no_grad(), model.trace(ids):

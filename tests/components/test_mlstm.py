@@ -1,18 +1,12 @@
-"""`MLSTMSuite`: the oracle checks every mLSTM family (xLSTM) passes.
+"""The mLSTM (`MLSTM`, xLSTM): its suite and its own cases.
 
-A family's test file mixes it in and names its checkpoint::
-
-    class TestXLSTM(MLSTMSuite):
-        MODEL_TYPE = "xlstm"
-
-Every check compares what nnterp reads or writes on a family's ``linear_attn``
-with an oracle that does not use nnterp: the plain model's ``xLSTMCache`` after
-a forward over each prefix (`mlstm.prefix_states`), a plain forward whose
-cached state was replaced after a token and continued one token at a time
-(`mlstm.continue_from_state`), a plain greedy loop with a state replaced
-before a decode step (`mlstm.greedy`), and the recurrence written from the
-paper (`mlstm.mlstm`). A donor state comes from another prompt, so a patch
-carries its own C, n and m together (the packed state).
+`MLSTMSuite` is the state contract (tests/suites/contract.py, against the
+plain model's ``xLSTMCache``; a donor state comes from another prompt, so a
+write carries its own C, n and m together, the packed state) plus what the
+kind adds: the packed layout, the kernel's arguments through the paper's
+recurrence (`tests.reference.mlstm`), a prompt's entering state against a
+cache holding it, gradients, the order errors. A family's test file subclasses
+it and names ``MODEL_TYPE``.
 """
 
 from __future__ import annotations
@@ -23,7 +17,9 @@ import torch
 from nnterp.components.mlstm import MLSTM
 from tests.reference import hf_oracles as hf
 from tests.reference import mlstm as ref
-from tests.suites.checkpoint import OTHER, PROMPT, CheckpointFixtures
+from tests.suites.caches import XLSTMCache
+from tests.suites.checkpoint import OTHER, PROMPT
+from tests.suites.contract import StateContract
 
 NEW = 4
 #: What the mLSTM does not serve, and the words its reason must contain.
@@ -53,8 +49,24 @@ def suppressed(plain) -> tuple:
     return (plain.config.eos_token_id,)
 
 
-class MLSTMSuite(CheckpointFixtures):
-    """Tests of an mLSTM mixer (`MLSTM`): set ``MODEL_TYPE``."""
+class MLSTMSuite(StateContract):
+    """An mLSTM mixer (`MLSTM`): set ``MODEL_TYPE``."""
+
+    CACHE = XLSTMCache(MLSTM.unpack)
+    STATE_TOL = dict(rtol=1e-4, atol=1e-6)
+    DECODE_TOL = dict(rtol=1e-5, atol=1e-6)
+    FINAL_IS_LAST = False
+    WRITE_AT = (0, 3, -2, -1)
+    CHANGE_ATOL = 1e-4
+    WRITE_SCALE = 1.0
+    DECODE_LAYERS = (1,)
+    DECODE_WRITES = (("state_input", 1), ("state_input", 2), ("set_state_after", 1))
+    DECODE_WRITE_LAYERS = None
+
+    def donor(self, model, plain, layer, scale, seed=0):
+        """Another prompt's packed state (C, n and m together); on a decode step its memory amplified."""
+        value = donor(model, layer)
+        return value if scale == 1.0 else strong(value, scale)
 
     def test_support_serves_every_value_but_the_iterated_state(self, model):
         support = model.support()
@@ -73,29 +85,6 @@ class MLSTMSuite(CheckpointFixtures):
         for got, expected in zip(MLSTM.unpack(packed), (c, n, m)):
             assert torch.equal(got, expected)
 
-    @pytest.mark.parametrize("layer", [0, 1])
-    def test_states_equal_the_cache_after_each_prefix(self, model, plain, ids, layer):
-        mix = model.layers[layer].linear_attn
-        with torch.no_grad(), model.trace(ids):
-            states = mix.states.save()
-            final = mix.state_output.save()
-        expected = ref.prefix_states(plain, ids, layer)
-        for name, got, want in zip("Cnm", unpacked(states), (*expected[:2], expected[2][..., 0])):
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=f"layer {layer}: {name} vs the cache per prefix")
-        torch.testing.assert_close(states[:, -1], final, rtol=1e-5, atol=1e-6)
-
-    def test_state_after_is_the_state_of_states(self, model, ids):
-        mix = model.layers[1].linear_attn
-        with torch.no_grad(), model.trace(ids):
-            early = mix.state_after(2).save()
-            late = mix.state_after(-1).save()
-        with torch.no_grad(), model.trace(ids):
-            some = mix.states_of([5, -1, 2, 5]).save()
-        with torch.no_grad(), model.trace(ids):
-            states = mix.states.save()
-        assert torch.equal(early, states[:, 2]) and torch.equal(late, states[:, -1])
-        assert torch.equal(some, states[:, [5, -1, 2, 5]])
-
     def test_kernel_arguments_reproduce_states_through_the_paper_recurrence(self, model):
         mix = model.layers[1].linear_attn
         with torch.no_grad(), model.trace(PROMPT):
@@ -108,28 +97,6 @@ class MLSTMSuite(CheckpointFixtures):
             torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-6, msg=name)
         torch.testing.assert_close(h.transpose(1, 2).double(), out, rtol=1e-4, atol=1e-5, msg="the kernel's output")
         assert (decays <= 0).all() and torch.equal(decays, torch.nn.functional.logsigmoid(f))
-
-    @pytest.mark.parametrize("T", [0, 3, -2, -1])
-    def test_set_state_after_continues_like_a_replaced_cache(self, model, plain, ids, T):
-        layer, value = 1, donor(model, 1)
-        with torch.no_grad(), model.trace(ids):
-            mix = model.layers[layer].linear_attn
-            mix.set_state_after(T, value)
-            read = mix.state_after(T).save()
-            final = mix.state_output.save()
-            logits = model.logits.save()
-        position = T % ids.shape[1]
-        with torch.no_grad():
-            expected = ref.continue_from_state(plain, ids, position, layer, MLSTM.unpack(value))
-            clean = plain(ids).logits
-        torch.testing.assert_close(logits[:, -1], expected, rtol=1e-4, atol=1e-5)
-        # Token T's own output read the state it computed: logits up to T are the clean run's.
-        torch.testing.assert_close(logits[:, : position + 1], clean[:, : position + 1], rtol=1e-4, atol=1e-5)
-        assert torch.equal(read, value)
-        if position == ids.shape[1] - 1:
-            assert torch.equal(final, value)
-        else:
-            assert not torch.allclose(logits[:, -1], clean[:, -1], atol=1e-4), "the patch changes the prediction"
 
     def test_state_input_on_a_prompt_continues_like_a_cache_holding_it(self, model, plain, ids):
         # transformers' prompt kernel starts from the cached state (unlike Mamba-1's): a fresh cache with one layer's
@@ -147,54 +114,6 @@ class MLSTMSuite(CheckpointFixtures):
             clean = plain(ids).logits
         torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-5)
         assert not torch.allclose(logits, clean, atol=1e-4), "the entering state changes the outputs"
-
-    @pytest.mark.parametrize("step", [1, 2])
-    def test_state_input_on_a_decode_step_generates_like_hf(self, model, plain, ids, step):
-        donors = {layer: strong(donor(model, layer)) for layer in range(len(model.layers))}
-        with torch.no_grad(), model.generate(ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False) as tracer:
-            for _ in tracer.iter[step]:
-                for layer, value in donors.items():
-                    model.layers[layer].linear_attn.state_input = value
-            patched = tracer.result.save()
-
-        def patch(at, cache):
-            if at == step:
-                for layer, value in donors.items():
-                    ref.set_layer_state(cache, layer, MLSTM.unpack(value))
-
-        assert torch.equal(patched, ref.greedy(plain, ids, NEW, patch, suppressed(plain)))
-        assert not torch.equal(patched, ref.greedy(plain, ids, NEW, suppress=suppressed(plain))), "the patch changes the continuation"
-
-    def test_set_state_after_on_a_decode_step_is_the_next_steps_cache(self, model, plain, ids):
-        value = donor(model, 0)
-        with torch.no_grad(), model.generate(ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False) as tracer:
-            for _ in tracer.iter[1]:
-                model.layers[0].linear_attn.set_state_after(0, value)
-            patched = tracer.result.save()
-
-        def patch(at, cache):
-            if at == 2:
-                ref.set_layer_state(cache, 0, MLSTM.unpack(value))
-
-        assert torch.equal(patched, ref.greedy(plain, ids, NEW, patch, suppressed(plain)))
-        assert not torch.equal(patched, ref.greedy(plain, ids, NEW, suppress=suppressed(plain))), "the patch changes the continuation"
-
-    def test_state_output_of_each_step_is_the_cache(self, model, plain, ids):
-        mix = model.layers[1].linear_attn
-        outs, ins = [], []
-        with torch.no_grad(), model.generate(ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False) as tracer:
-            for _ in tracer.iter[:NEW]:
-                entering = mix.state_input
-                ins.append(entering.save() if entering is not None else None)
-                outs.append(mix.state_output.save())
-            result = tracer.result.save()
-        seen = {}
-        ref.greedy(plain, ids, NEW, lambda at, cache: seen.__setitem__(at, MLSTM.pack(*cache.rnn_state[1])), suppressed(plain))
-        assert ins[0] is None
-        for step in range(1, NEW):
-            torch.testing.assert_close(outs[step - 1], seen[step], rtol=1e-5, atol=1e-6, msg=f"state after step {step - 1}")
-            assert torch.equal(ins[step], outs[step - 1]), f"step {step} enters from step {step - 1}'s state"
-        assert torch.equal(result, ref.greedy(plain, ids, NEW, suppress=suppressed(plain)))
 
     def test_gradients_reach_the_arguments_and_a_written_state(self, model, ids):
         # transformers copies each block's state into its cache in place: a backward pass needs use_cache=False.

@@ -1,32 +1,141 @@
-"""LinearAttention (gated DeltaNet) against oracles that do not use nnterp.
+"""The gated DeltaNet (`LinearAttention`; Kimi's delta attention extends it): its suite and its own cases.
 
-The oracle checks every gated-DeltaNet family shares (states per prefix, the
-paper recurrence, writes mid-prompt and on decode steps) run for Qwen3.5 in
-tests/families/test_qwen3_5_text.py (`GatedDeltaNetSuite`); this file holds
-what the base and the DeltaNet add on one family: ordering, generate steps,
-errors, optimized kernels. Routing is tested in tests/recurrent/test_routing.py.
+`GatedDeltaNetSuite` is the state contract (tests/suites/contract.py: states
+against transformers' cache after each prefix, writes against a plain forward
+continued from a replaced cache, decode steps against a plain greedy loop, a
+left-padded batch) plus what every DeltaNet family passes: the values served,
+the layer map read from the config, the kernel's arguments through the paper's
+gated delta rule (tests/reference/recurrences.py). A family's test file
+subclasses it and names ``MODEL_TYPE``. `TestLinearAttention` holds what the
+component adds on one family (Qwen3.5): ordering, generate steps, errors,
+optimized kernels. Routing is tested in tests/recurrent/test_routing.py.
 
-The oracles: transformers' own cache after a plain forward over each prefix;
-a plain forward continued token by token from a replaced cached state; a plain
-greedy loop with a state replaced before a decode step; the gated delta rule
-written from the paper's equations (tests/reference/recurrences.py).
+The ``assert_*`` functions take the standardized model, for a family's own
+tests to call with other arguments.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 import nnterp
-from nnterp import NnterpError, OrderError, RoutingError, Unavailable
+from nnterp import NnterpError, OrderError, RoutingError, StandardizedTransformer, Unavailable
+from nnterp.components.gated_deltanet import LinearAttention
+from nnterp.testing import tiny_config, tiny_tokenizer
 from tests.reference import hf_oracles as hf
+from tests.reference.recurrences import gated_delta_rule
 from tests.suites.checkpoint import OTHER, PROMPT, CheckpointFixtures
-from tests.suites.gated_deltanet import donor_state, greedy, recurrent_layers
+from tests.suites.contract import PaddedBatch, StateContract, recurrent_layers
 from tests.suites.standins import compiled_kernels
 from tests.suites.steps import assert_generate_steps_read_their_own_call
 
 NEW = 4
+#: Values read inside the token-by-token kernel, served only after ``route_kernels(family, "torch")``.
+PER_TOKEN = ("state", "states")
 linear_layers = recurrent_layers
+
+
+def donor_state(model, layer: int, scale: float = 3.0, seed: int = 0) -> torch.Tensor:
+    """A random float32 state of layer ``layer``'s shape, ``[1, mixer_heads, key_dim, value_dim]``."""
+    dims = model.layers[layer].linear_attn.dims()
+    shape = (1, dims["mixer_heads"], dims["key_dim"], dims["value_dim"])
+    return scale * torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def greedy(plain, ids, new, patch=None):
+    """The plain greedy loop, never choosing EOS (``generate`` runs with ``min_new_tokens``)."""
+    return hf.greedy(plain, ids, new, patch=patch, suppress_tokens=(plain.config.get_text_config().eos_token_id,))
+
+
+def assert_support_serves_every_value(model) -> None:
+    """Every value `LinearAttention` serves is declared and served: ``support()`` is ``None`` for each.
+
+    The per-token ones (`PER_TOKEN`) only after ``route_kernels(family, "torch")``,
+    and before it they say so.
+    """
+    mixers = [model.layers[i].linear_attn for i in recurrent_layers(model)]
+    assert mixers, "a recurrent family has recurrent blocks"
+    names = set(type(mixers[0]).values())
+    assert set(LinearAttention.values()) <= names, set(LinearAttention.values()) - names
+    support = model.support()
+    for name in names:
+        entry = support[f"linear_attn.{name}"]
+        if name in PER_TOKEN:
+            assert entry is not None and all("route_kernels" in reason for reason in entry.values()), name
+        else:
+            assert entry is None, f"linear_attn.{name}: {entry}"
+    with nnterp.route_kernels(model.family, "torch"):
+        support = model.support()
+        for name in names:
+            assert support[f"linear_attn.{name}"] is None, f"routed linear_attn.{name}: {support[f'linear_attn.{name}']}"
+
+
+def assert_layer_map_follows_the_config(model_type: str, layer_types: list[str]) -> None:
+    """A model built from the family's tiny config with ``layer_types`` has its mixers where they say."""
+    config = tiny_config(model_type).get_text_config()
+    config.layer_types = list(layer_types)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        built = AutoModelForCausalLM.from_config(config).eval()
+    model = StandardizedTransformer(built, tokenizer=tiny_tokenizer())
+    expected = {"linear_attention": "linear_attn", "full_attention": "self_attn"}
+    for index, (layer, kind) in enumerate(zip(model.layers, layer_types)):
+        other = {"linear_attn": "self_attn", "self_attn": "linear_attn"}[expected[kind]]
+        assert getattr(layer, expected[kind]) is not None, f"layer {index} ({kind})"
+        assert getattr(layer, other) is None, f"layer {index} ({kind}) has no {other}"
+    assert [set(parts) for parts in model.family.layer_parts(config)] == [set(layer.parts()) for layer in model.layers]
+
+
+def assert_kernel_arguments_reproduce_states(model, layer: int, recurrence=gated_delta_rule) -> dict:
+    """The kernel's arguments as served (q, k, v, β, g), fed to the paper's recurrence, give ``states`` and the kernel's output.
+
+    Returns the arguments, for a family's own checks on them.
+    """
+    mix = model.layers[layer].linear_attn
+    with torch.no_grad(), model.trace(PROMPT):
+        q, k, v = mix.attention_queries.save(), mix.attention_keys.save(), mix.attention_values.save()
+        beta, g = mix.betas.save(), mix.decays.save()
+        states = mix.states.save()
+        out = getattr(mix.source, type(mix).CHUNK_KERNEL).output[0].save()
+    outputs, expected = recurrence(q, k, v, g, beta)
+    torch.testing.assert_close(states, expected, rtol=1e-4, atol=1e-5, msg=f"layer {layer}: states")
+    torch.testing.assert_close(out.float(), outputs, rtol=1e-4, atol=1e-5, msg=f"layer {layer}: kernel output")
+    assert (g <= 0).all(), "a log decay"
+    return {"q": q, "k": k, "v": v, "beta": beta, "g": g, "states": states}
+
+
+class GatedDeltaNetSuite(StateContract, PaddedBatch):
+    """A gated-DeltaNet mixer (`LinearAttention`, `KimiDeltaAttention`): set ``MODEL_TYPE``; reads and writes routed."""
+
+    STATE_TOL = dict(rtol=1e-5, atol=1e-6)
+    CONTINUED_TOL = dict(rtol=1e-4, atol=1e-5)
+    CHANGE_PROB_ATOL = 1e-5  # ten times PROB_TOL: the decay forgets an early write, but not to nothing
+    STATE_LAYERS = (0, 2)
+    WRITE_AT = (0, 3, -2)
+    DECODE_LAYERS = (2,)
+    DECODE_WRITES = (("state_input", 1), ("state_input", 2))
+    DECODE_WRITE_LAYERS = None
+    DECODE_SCALE = 20.0
+    RECURRENCE = staticmethod(gated_delta_rule)
+
+    def reading(self, model):
+        return nnterp.route_kernels(model.family, "torch")
+
+    def test_every_linear_attention_value_is_served(self, model):
+        assert_support_serves_every_value(model)
+
+    def test_layer_map_follows_the_config_not_a_pattern(self):
+        assert_layer_map_follows_the_config(self.MODEL_TYPE, ["full_attention", "linear_attention", "full_attention", "linear_attention"])
+
+    def test_mlp_is_the_whole_feed_forward_block(self, model):
+        hf_layers = model._at(model.family.LAYERS)
+        for index, layer in enumerate(model.layers):
+            assert layer.mlp is not None and layer.mlp._module is hf_layers[index]._module.mlp, f"layer {index}"
+
+    def test_kernel_arguments_reproduce_states_through_the_paper_recurrence(self, routed):
+        assert_kernel_arguments_reproduce_states(routed, 1, self.RECURRENCE)
 
 
 class TestLinearAttention(CheckpointFixtures):
@@ -35,19 +144,6 @@ class TestLinearAttention(CheckpointFixtures):
     MODEL_TYPE = "qwen3_5_text"
 
     # -- the state after every token --------------------------------------------------
-
-    def test_states_of_a_left_padded_batch_are_each_prompts(self, routed, plain):
-        mix = routed.layers[1].linear_attn
-        with torch.no_grad(), routed.trace([PROMPT, OTHER]):
-            states = mix.states.save()
-        rows = [routed.tokenizer(p, return_tensors="pt").input_ids for p in (PROMPT, OTHER)]
-        width = states.shape[1]
-        for row, row_ids in enumerate(rows):
-            pad = width - row_ids.shape[1]
-            expected = hf.prefix_states(plain, row_ids, 1)[0]
-            torch.testing.assert_close(states[row, pad:], expected, rtol=1e-4, atol=1e-5, msg=f"row {row}")
-            assert torch.count_nonzero(states[row, :pad]) == 0, "a padding position carries no state"
-        assert width - rows[1].shape[1] > 0, "the second prompt is the padded one"
 
     def test_state_iterates_over_tokens_with_tracer_iter(self, routed, ids):
         mix = routed.layers[0].linear_attn

@@ -1,16 +1,12 @@
-"""`RGLRUSuite`: the tests every RG-LRU family passes, against oracles that do not use nnterp.
+"""The RG-LRU (`RGLRU`, RecurrentGemma): its suite and its own cases.
 
-A family's test file mixes it in and names its checkpoint and recurrent layers::
-
-    class TestRecurrentGemma(RGLRUSuite):
-        MODEL_TYPE = "recurrent_gemma"
-
-The oracles (tests/reference/rg_lru.py): the state a plain model keeps on its
-module after a forward over each prefix; a plain forward continued token by
-token after the module's state was replaced; a plain greedy loop with the
-state (or the convolution window) replaced before a decode step; the RG-LRU
-written from the paper's equation, reproducing the states from the values
-nnterp serves.
+The plain model keeps the RG-LRU's state on its modules
+(`tests.suites.caches.ModuleState`). `RGLRUSuite` is the state contract
+(tests/suites/contract.py) against that state, plus what the kind adds: the
+RG-LRU written from the paper's equation reproducing the states from the
+values nnterp serves, a decode-step write against the scan, several tokens
+continuing a state, the convolution window, the errors
+(tests/reference/rg_lru.py). A family's test file subclasses it and names ``MODEL_TYPE``.
 """
 
 from __future__ import annotations
@@ -22,15 +18,26 @@ from transformers import DynamicCache
 from nnterp import NnterpError, NotInTrace, OrderError, ReadOnlyValue
 from tests.reference import hf_oracles as hf
 from tests.reference import rg_lru as ref
-from tests.suites.checkpoint import CheckpointFixtures
+from tests.suites.caches import ModuleState
+from tests.suites.contract import StateContract
 
 TOL = dict(rtol=1e-4, atol=2e-5)
 
 
-class RGLRUSuite(CheckpointFixtures):
-    """Tests of an RG-LRU mixer (`RGLRU`): set ``MODEL_TYPE``; ``LAYERS`` are two recurrent blocks."""
+class RGLRUSuite(StateContract):
+    """An RG-LRU mixer (`RGLRU`): set ``MODEL_TYPE``; ``LAYERS`` are two recurrent blocks."""
 
     LAYERS = (0, 1)
+    CACHE = ModuleState()
+    STATE_TOL = LOGIT_TOL = PROB_TOL = TOL
+    DECODE_WRITES = (("state_output", 1),)
+
+    WRITE_SCALE = 1.0
+
+    def donor(self, model, plain, layer: int, scale: float = 1.0, seed: int = 0) -> torch.Tensor:
+        """Another prompt's state at ``layer``, a real state; on a decode step scaled, so that one step cannot ignore it."""
+        ids = model.tokenizer("A completely different prompt here", return_tensors="pt").input_ids
+        return scale * ref.prefix_states(plain, ids, layer)[:, -1]
 
     def test_labels_are_resolved_from_the_scan_method(self, model):
         mix = model.layers[self.LAYERS[0]].linear_attn
@@ -39,15 +46,6 @@ class RGLRUSuite(CheckpointFixtures):
         assert model.support()["linear_attn.states"] is None, "no routing needed: the scan is pure torch"
 
     # -- the state after every token ---------------------------------------------
-
-    def test_states_equal_the_module_state_after_each_prefix(self, model, plain, ids):
-        for layer in self.LAYERS:
-            mix = model.layers[layer].linear_attn
-            with torch.no_grad(), model.trace(ids):
-                states = mix.states.save()
-                final = mix.state_output.save()
-            torch.testing.assert_close(states, ref.prefix_states(plain, ids, layer), **TOL, msg=f"layer {layer}")
-            assert torch.equal(states[:, -1], final)
 
     def test_state_iterates_over_tokens_with_tracer_iter(self, model, ids):
         mix = model.layers[self.LAYERS[0]].linear_attn
@@ -107,21 +105,6 @@ class RGLRUSuite(CheckpointFixtures):
 
     # -- writing the state inside a prompt ---------------------------------------
 
-    @pytest.mark.parametrize("T", [2, 5])
-    def test_set_state_after_continues_as_hf_from_a_replaced_state(self, model, plain, ids, T):
-        layer = self.LAYERS[1]
-        donor = ref.prefix_states(plain, model.tokenizer("A completely different prompt here", return_tensors="pt").input_ids, layer)[:, -1]
-        mix = model.layers[layer].linear_attn
-        with torch.no_grad(), model.trace(ids):
-            before = mix.state_after(T - 1).save()
-            mix.set_state_after(T, donor)
-            after = mix.state_after(T).save()
-            probs = model.next_token_probs.save()
-        expected = torch.softmax(ref.continue_from_state(plain, ids, T, layer, donor), -1)
-        torch.testing.assert_close(probs, expected, **TOL)
-        assert torch.equal(after, donor)
-        torch.testing.assert_close(before, ref.prefix_states(plain, ids[:, :T], layer)[:, -1], **TOL)
-
     # -- decode steps --------------------------------------------------------------
 
     def test_generate_steps_each_read_their_own_call(self, model, ids):
@@ -154,21 +137,6 @@ class RGLRUSuite(CheckpointFixtures):
         assert torch.equal(tokens[:, ids.shape[1]:], expected_tokens)
         expected = ref.scan(read["u"], read["a"], torch.zeros_like(read["u"][..., :1], dtype=torch.bool), donor)
         torch.testing.assert_close(read["out"], expected[:, -1], rtol=0, atol=1e-6)
-
-    def test_a_decode_step_state_output_write_is_where_the_next_step_starts(self, model, plain, ids):
-        layer = self.LAYERS[0]
-        mix = model.layers[layer].linear_attn
-        donor = ref.prefix_states(plain, model.tokenizer("Something else entirely", return_tensors="pt").input_ids, layer)[:, -1]
-        entering = []
-        with torch.no_grad(), model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False) as tracer:
-            for step in tracer.iter[1:3]:
-                entering.append(mix.state_input.save())
-                if len(entering) == 1:
-                    mix.state_output = donor
-            tokens = tracer.result.save()
-        expected_tokens, _ = ref.greedy(plain, ids, 4, 2, layer, state=donor)
-        assert torch.equal(entering[1], donor)
-        assert torch.equal(tokens[:, ids.shape[1]:], expected_tokens)
 
     def test_several_tokens_continuing_a_state_read_it_and_restart_the_convolution(self, model, plain, ids):
         layer = self.LAYERS[0]
