@@ -42,8 +42,8 @@ from pathlib import Path
 
 import torch
 
-from nnterp.components.kimi_delta_attention import KimiDeltaAttention
 from nnterp.components.gated_deltanet import LinearAttention
+from nnterp.components.kimi_delta_attention import KimiDeltaAttention
 from nnterp.components.selective_scan import SelectiveScan
 from nnterp.components.state_space import StateSpace
 from nnterp.families import families

@@ -18,8 +18,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import nnterp
-from nnterp.components.kimi_delta_attention import KimiDeltaAttention
 from nnterp.components.gated_deltanet import LinearAttention
+from nnterp.components.kimi_delta_attention import KimiDeltaAttention
 from nnterp.components.selective_scan import SelectiveScan
 from nnterp.components.state_space import StateSpace
 from nnterp.families import families

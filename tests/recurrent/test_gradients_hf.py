@@ -17,9 +17,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import nnterp
+from nnterp.components.gated_deltanet import LinearAttention
 from nnterp.components.kimi_delta_attention import KimiDeltaAttention
 from nnterp.components.lightning_attention import LightningAttention
-from nnterp.components.gated_deltanet import LinearAttention
 from nnterp.components.recurrent import RecurrentMixer
 from nnterp.components.selective_scan import SelectiveScan
 from nnterp.components.state_space import StateSpace
