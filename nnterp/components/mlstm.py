@@ -71,14 +71,14 @@ from ..core.dims import BATCH, KEY_DIM, MIXER_HEADS, SEQ, STATE_COLUMNS, Gates, 
 from ..core.errors import Unavailable
 from ..core.values import DerivedEProperty, Unwrap, check_expected, replace_in
 from ..fast.buffers import empty_states
-from ..fast.mlstm import MLSTM_ATTENTION, mlstm_states, mlstm_states_into, pack, unpack
+from ..fast.mlstm import MLSTM_ATTENTION, mlstm_one_pass, mlstm_states, mlstm_states_into, pack, unpack
 from ..fast.scan import differentiable
 from ..recurrent.arguments import SAME, Layout, kernel_waiting
 from ..recurrent.call import Call
 from ..recurrent.gradients import fill, graft, recording, tap
-from ..recurrent.kernels import needs_torch_kernels
+from ..recurrent.kernels import modeling_of, needs_torch_kernels
 from ..recurrent.labels import call_label
-from . import mlstm_one_pass
+from ..recurrent.per_token.from_arguments import one_pass
 from . import mlstm_split as split
 from .mlstm_split import backend_state
 from .recurrent import RecurrentMixer, kernel, kernel_argument
@@ -99,6 +99,20 @@ _NO_ITERATION = (
     "location that holds the state once per token for tracer.iter; read state_after(t) or states (computed from the "
     "kernel call's arguments) and write set_state_after(t, value)"
 )
+
+
+#: Where the one pass keeps the states it filled, in the call's per-strategy data.
+ONE_PASS_STATES = "one_pass"
+
+
+def _one_pass(a: dict, out: torch.Tensor) -> tuple | None:
+    """The backend's return ``(h, (C, n, m))`` and every state (`nnterp.fast.mlstm.mlstm_one_pass`), on a float32
+    prompt: each block of states is read by its queries while still in cache. Not on one token (a decode step runs
+    the one-step kernel, whose bits the cache keeps)."""
+    q, k, v, i, f, initial = (a[name] for name in ("q", "k", "v", "igate", "fgate", "state"))
+    if k.shape[1] < 2 or any(x is not None and x.dtype != torch.float32 for x in (q, k, v, i, f, initial)):
+        return None
+    return mlstm_one_pass(q, k, v, i, f, initial, out, eps=a["eps"]), out
 
 
 class _Triple(Unwrap):
@@ -137,6 +151,7 @@ class MLSTM(RecurrentMixer):
     }
     RECURRENT_ARGUMENTS = CHUNK_ARGUMENTS
     EFFECTIVE = MLSTM_ATTENTION
+    OWN_ONE_PASS = staticmethod(_one_pass)
 
     #: Gradient-less values beyond the shared ones (`nnterp.recurrent.gradient_support`).
     GRADIENTLESS = {
@@ -159,6 +174,19 @@ class MLSTM(RecurrentMixer):
 
     def continues_cache(self, cache: Any) -> bool:
         return False  # the backend call is the same on a decode step
+
+    def pure_torch_kernel(self) -> bool:
+        """Whether the call runs transformers' own backend in inference mode (not the external ``xlstm`` kernels,
+        not a training mode), keeping its state in float32: the state dtype its sequence and step kernels were
+        bound with (``config.inference_state_dtype`` when the backend was built), read off the backend itself."""
+        backend = self._module.mlstm_backend
+        modeling = modeling_of(self._module)
+        native = getattr(modeling, "xLSTMBackend", None)
+        if native is None or type(backend) is not native or "inference" not in backend.config.mode:
+            return False
+        kernels = getattr(getattr(backend, "_inference_fn", None), "keywords", {})
+        dtypes = {getattr(kernels.get(name), "keywords", {}).get("dtype_state") for name in ("mlstm_sequence_kernel", "mlstm_step_kernel")}
+        return backend.chunkwise_kernel_fn is getattr(modeling, "mlstm_chunkwise_native_autograd", None) and dtypes == {torch.float32}
 
     def dims(self) -> dict[str, int]:
         config = self._module.config
@@ -280,7 +308,12 @@ class MLSTM(RecurrentMixer):
         call = self._split("states")
         if not call.writes and recording(self.record().serve("k")) and kernel_waiting(self):
             return self._tapped_states(call)
-        out = mlstm_one_pass.states(self, call)
+        # Where the backend would run transformers' own pure-torch kernel: its output computed with the states.
+        arguments = {name: call.serve(name) for name in ("q", "k", "v", "igate", "fgate")}
+        arguments.update(state=call.strategy["initial"], eps=self._module.config.eps)
+        out = one_pass(self, call, self.OWN_ONE_PASS, arguments, (call.expected[0][0], call.seq, *call.expected[0][1:]))
+        if out is not None:
+            call.strategy[ONE_PASS_STATES] = out
         out = self._all_computed(call) if out is None else out
         for t, value in call.writes.items():
             out[:, t] = value
@@ -331,7 +364,7 @@ class MLSTM(RecurrentMixer):
         if position in call.writes:
             return call.writes[position]
         lo, hi, initial = self._segments(call, position + 1)[-1]
-        served = mlstm_one_pass.served(call)  # the states the one pass wrote (see `states`), or None
+        served = call.strategy.get(ONE_PASS_STATES)  # the states the one pass wrote (see `states`), or None
         value = (served[:, position] if served is not None else self._all_computed(call, position + 1, lo)[:, -1]).clone()
         call.advance(position, what)
         call.strategy["read"][position] = value
