@@ -92,6 +92,9 @@ class Mixer(Protocol):
     def pure_torch_kernel(self) -> bool:
         """Whether the prompt's kernel call runs transformers' own pure-torch body now (what a one pass replaces)."""
 
+    def cache_window(self) -> torch.Tensor | None:
+        """A short convolution's cache window buffer, written in place (``None`` without a cache)."""
+
     def kernel_reason(self) -> str | None:
         """Why the bound kernel has no Python loop to read, beyond the bindings ``needs_torch_kernels`` checks."""
 
