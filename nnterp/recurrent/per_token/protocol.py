@@ -92,6 +92,10 @@ class Mixer(Protocol):
     def pure_torch_kernel(self) -> bool:
         """Whether the prompt's kernel call runs transformers' own pure-torch body now (what a one pass replaces)."""
 
+    def run_kernel(self, call: Call, lo: int, hi: int, initial: Any) -> Any:
+        """A method-call source's kernel (the mLSTM's backend) on tokens ``[lo, hi)`` of ``call``, from ``initial``:
+        its own return, so a split call is its parts' returns joined."""
+
     def cache_window(self) -> torch.Tensor | None:
         """A short convolution's cache window buffer, written in place (``None`` without a cache)."""
 
