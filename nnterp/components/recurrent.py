@@ -175,18 +175,15 @@ class RecurrentMixer(Standard):
     def KERNEL(envoy: RecurrentMixer) -> str:
         """The kernel call that fires on this call of the mixer, decided once per call (`per_call`).
 
-        The forward's own test: the token-by-token update for one token over a
-        cached state, the prompt's kernel for everything else (several tokens
-        over a cached state included). It is applied to the call's inputs,
-        which fire on every call, so a step of ``tracer.iter`` is pinned by its
-        first read whatever the user reads first.
+        The forward's own test: the token-by-token update for one token over a cached state, the prompt's kernel
+        for everything else (several tokens over a cached state included). It is applied to the call's inputs,
+        which fire on every call, so a step of ``tracer.iter`` is pinned by its first read whatever is read first.
         """
-
         def choose() -> str:
             call = envoy._call()
             return envoy.RECURRENT_KERNEL if call["continues"] and call["seq"] == 1 else envoy.CHUNK_KERNEL
 
-        envoy.source  # instrument the forward before it runs; see routing for why the moment matters
+        envoy.kernel_source()  # instrument the forward before it runs; see routing for why the moment matters
         return per_call(envoy, "kernel", choose)
 
     @staticmethod
@@ -200,14 +197,19 @@ class RecurrentMixer(Standard):
         return Key(at_kernel, f"kernel.{attribute}")
 
     def record(self) -> Call:
-        """This call's `Call`: its kernel call's arguments, read once per call when the kernel starts."""
+        """This call's `Call`, made once per call when the kernel starts (decodes: the entry's ``"decodes"``, else
+        whether the decode kernel fired)."""
 
         def make() -> Call:
-            kernel = self.KERNEL(self)
-            started = self._call()["kernels"][kernel]
-            return Call.at_start(self, kernel, getattr(self.source, kernel), kernel == self.RECURRENT_KERNEL, started, self.SEQ_ARGUMENT)
+            kernel, entry = self.KERNEL(self), self._call()
+            decodes, op = entry.get("decodes", kernel == self.RECURRENT_KERNEL), getattr(self.kernel_source(), kernel)
+            return Call.at_start(self, kernel, op, decodes, entry["kernels"][kernel], self.SEQ_ARGUMENT)
 
         return per_call(self, "call", make)
+
+    def kernel_source(self) -> Any:
+        """The call source: the ``.source`` whose op is the kernel call (the forward's; a method call's, RG-LRU)."""
+        return self.source
 
     # -- the kernel's arguments by name (the record serves and assigns them: `Call.serve`, `Call.assign`) --
 
@@ -224,9 +226,7 @@ class RecurrentMixer(Standard):
 
     def state_shape(self, call: Call) -> tuple:
         """One state's shape in this call, ``(batch, ...)``: the decode buffer's, or the component's formula."""
-        if call.one_step:
-            return tuple(call.serve("state").shape)
-        return self._prompt_state_shape(call)
+        return tuple(call.serve("state").shape) if call.one_step else self._prompt_state_shape(call)
 
     def _prompt_state_shape(self, call: Call) -> tuple:
         raise NotImplementedError
@@ -332,8 +332,7 @@ class RecurrentMixer(Standard):
         new tensor the model does not read, so its ``.grad`` never comes; read ``states.grad`` or
         ``state_after(t).grad`` (on the fast path, under autograd, it is a function of the kernel's arguments).
         """
-        if type(self).state_after is not RecurrentMixer.state_after:
-            # A component serving the per-token states its own way (a window, a method's loop): through its own state_after.
+        if type(self).state_after is not RecurrentMixer.state_after:  # a kind's own state_after (a window, a method's loop)
             return per_token.OWN_STATE_AFTER.states_of(self, positions)
         return per_token.strategy_for(self).states_of(self, positions)
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from nnsight.intervention.interleaver import Mediator
 
 from ...core.calls import mediator
-from ...core.errors import OrderError, Unavailable
+from ...core.errors import Unavailable
 from ...core.values import check_expected
 from ..call import Call
 from ..gradients import fill, recording, tap
@@ -58,8 +58,7 @@ class ConvolutionWindows(PerToken):
     def states(self, mixer: Mixer) -> torch.Tensor:
         """The window after every token of this call, ``[batch, seq, conv_channels, conv_width]``."""
         call = mixer.record()
-        if call.writes:
-            raise OrderError("`linear_attn.states` after set_state_after in the same call: read states before the write")
+        call.check_no_write("`linear_attn.states`")
         width = mixer.hf_module().conv_kernel_size
         states = extended(call).unfold(-1, width, 1)[:, :, 1:].transpose(1, 2)  # [batch, seq, channels, L]
         if recording() and not call.strategy.get("tapped"):
