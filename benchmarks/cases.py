@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import sys
 from contextlib import ExitStack
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -38,22 +36,12 @@ TWO_PASSES = "fast path with one_pass off: the kernel, then a states pass"
 OWN_TWO_PASSES = "own strategy with one_pass off: the forward's own recurrence, then a states pass"
 
 
-def own_one_pass(kind: type) -> ModuleType | None:
-    """The module holding ``kind``'s own one-pass switch, or ``None``: a module its class's files import that
-    declares a boolean ``ONE_PASS`` (the fast path's, `from_arguments`, aside)."""
-    for klass in kind.__mro__:
-        module = sys.modules.get(klass.__module__)
-        for value in vars(module).values() if module is not None else ():
-            if isinstance(value, ModuleType) and value is not from_arguments and isinstance(getattr(value, "ONE_PASS", None), bool):
-                return value
-    return None
-
-
-#: ``{mixer component: the module of its own one-pass switch}``, for every registered recurrent kind that has one.
+#: ``{mixer component: the module of its one-pass switch}``, for every registered recurrent kind with its own one pass
+#: (``OWN_ONE_PASS``: it has no fast path); every one pass is switched by `from_arguments.ONE_PASS`.
 OWN_ONE_PASSES = {
-    kind: switch
+    kind: from_arguments
     for kind in dict.fromkeys(family.MIXER for family in families() if family.MIXER is not None)
-    if (switch := own_one_pass(kind)) is not None
+    if getattr(kind, "OWN_ONE_PASS", None) is not None
 }
 
 

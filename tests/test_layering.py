@@ -30,14 +30,12 @@ BOUND_FUNCTIONS = {
         "LightningAttention._forward_final", "LightningAttention._graft", "LightningAttention._rewrite",
         "LightningAttention.states_of",
     },
-    "components/mlstm.py": {"MLSTM.pack", "MLSTM.unpack", "MLSTM.set_state_after"},
-    "components/short_convolution.py": {"ShortConvolution._states", "ShortConvolution.state_after", "ShortConvolution.set_state_after"},
 }
 #: ``{strategy file: {"x._name", ...}}``: private members the strategies read off a mixer (none since the spine).
 PRIVATE_READS: dict[str, set[str]] = {}
 #: issue 23: to be emptied. The nnterp files over `check_layering.MAX_LINES` lines.
 LONG_FILES = {
-    "accessors.py", "components/lightning_attention.py", "components/rg_lru.py", "components/wkv.py",
+    "accessors.py", "components/lightning_attention.py",
     "interventions.py", "rename_utils.py", "standardized.py",
 }
 

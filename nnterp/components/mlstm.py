@@ -66,22 +66,17 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from ..core.calls import mediator
 from ..core.dims import BATCH, KEY_DIM, MIXER_HEADS, SEQ, STATE_COLUMNS, Gates, Values
 from ..core.errors import Unavailable
 from ..core.values import DerivedEProperty, Unwrap, check_expected, replace_in
-from ..fast.buffers import empty_states
 from ..fast.mlstm import EFFECTIVE as MLSTM_ATTENTION
-from ..fast.mlstm import mlstm_states, mlstm_states_into, pack, unpack
-from ..fast.scan import differentiable
+from ..fast.mlstm import mlstm_one_pass, pack, unpack
 from ..recurrent.arguments import SAME, Layout, kernel_waiting
 from ..recurrent.call import Call
-from ..recurrent.gradients import fill, graft, recording, tap
-from ..recurrent.kernels import needs_torch_kernels
+from ..recurrent.gradients import graft, recording
+from ..recurrent.kernels import modeling_of, needs_torch_kernels
 from ..recurrent.labels import call_label
-from . import mlstm_one_pass
-from . import mlstm_split as split
-from .mlstm_split import backend_state
+from ..recurrent.per_token.split_call import SPLIT_CALL
 from .recurrent import RecurrentMixer, kernel, kernel_argument
 
 Keys = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {KEY_DIM}"]
@@ -100,6 +95,27 @@ _NO_ITERATION = (
     "location that holds the state once per token for tracer.iter; read state_after(t) or states (computed from the "
     "kernel call's arguments) and write set_state_after(t, value)"
 )
+
+
+def backend_state(state: torch.Tensor | None, dtype: torch.dtype) -> tuple:
+    """A packed state as the backend's ``(c_initial, n_initial, m_initial)``, in the model's dtype.
+
+    transformers keeps the state between calls in a cache of the model's dtype and the chunkwise kernel multiplies it
+    with q, k, v in theirs, so a written state is cast the same way (a no-op on a float32 model).
+    """
+    if state is None:
+        return (None, None, None)
+    return tuple(x.to(dtype) for x in unpack(state))
+
+
+def _one_pass(a: dict, out: torch.Tensor) -> tuple | None:
+    """The backend's return ``(h, (C, n, m))`` and every state (`nnterp.fast.mlstm.mlstm_one_pass`), on a float32
+    prompt: each block of states is read by its queries while still in cache. Not on one token (a decode step runs
+    the one-step kernel, whose bits the cache keeps)."""
+    q, k, v, i, f, initial = (a[name] for name in ("q", "k", "v", "igate", "fgate", "state"))
+    if k.shape[1] < 2 or any(x is not None and x.dtype != torch.float32 for x in (q, k, v, i, f, initial)):
+        return None
+    return mlstm_one_pass(q, k, v, i, f, initial, out, eps=a["eps"]), out
 
 
 class _Triple(Unwrap):
@@ -138,6 +154,7 @@ class MLSTM(RecurrentMixer):
     }
     RECURRENT_ARGUMENTS = CHUNK_ARGUMENTS
     EFFECTIVE = MLSTM_ATTENTION
+    OWN_ONE_PASS = staticmethod(_one_pass)
 
     #: Gradient-less values beyond the shared ones (`nnterp.recurrent.gradient_support`).
     GRADIENTLESS = {
@@ -147,8 +164,15 @@ class MLSTM(RecurrentMixer):
             "by the state after the last token"
         ),
     }
-    pack = staticmethod(pack)
-    unpack = staticmethod(unpack)
+    @staticmethod
+    def pack(c: torch.Tensor, n: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """``(C [..., k, v], n [..., k], m [..., 1])`` -> the packed state ``[..., k, v + 2]`` (`nnterp.fast.mlstm.pack`)."""
+        return pack(c, n, m)
+
+    @staticmethod
+    def unpack(state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The packed state ``[..., k, v + 2]`` -> ``(C, n, m)``, float32 (`nnterp.fast.mlstm.unpack`)."""
+        return unpack(state)
 
     @classmethod
     def find_labels(cls, hf_mixer: type) -> dict:
@@ -160,6 +184,19 @@ class MLSTM(RecurrentMixer):
 
     def continues_cache(self, cache: Any) -> bool:
         return False  # the backend call is the same on a decode step
+
+    def pure_torch_kernel(self) -> bool:
+        """Whether the call runs transformers' own backend in inference mode (not the external ``xlstm`` kernels,
+        not a training mode), keeping its state in float32: the state dtype its sequence and step kernels were
+        bound with (``config.inference_state_dtype`` when the backend was built), read off the backend itself."""
+        backend = self._module.mlstm_backend
+        modeling = modeling_of(self._module)
+        native = getattr(modeling, "xLSTMBackend", None)
+        if native is None or type(backend) is not native or "inference" not in backend.config.mode:
+            return False
+        kernels = getattr(getattr(backend, "_inference_fn", None), "keywords", {})
+        dtypes = {getattr(kernels.get(name), "keywords", {}).get("dtype_state") for name in ("mlstm_sequence_kernel", "mlstm_step_kernel")}
+        return backend.chunkwise_kernel_fn is getattr(modeling, "mlstm_chunkwise_native_autograd", None) and dtypes == {torch.float32}
 
     def dims(self) -> dict[str, int]:
         config = self._module.config
@@ -209,7 +246,7 @@ class MLSTM(RecurrentMixer):
 
     def _cached(self, what: str) -> None:
         """Raise unless the call runs with a cache: only then does its final state carry on (as on every mixer)."""
-        if self._split(what).strategy["initial"] is None:  # xLSTM passes no state exactly when it has no cache
+        if SPLIT_CALL.record(self, what).strategy["initial"] is None:  # xLSTM passes no state exactly when it has no cache
             raise Unavailable(f"linear_attn.{what}", _NO_CACHE)
 
     def _read_output_state(self) -> torch.Tensor:
@@ -242,76 +279,10 @@ class MLSTM(RecurrentMixer):
         annotation=PackedState,
     )
 
-    # -- the state after every token, from the call's arguments ---------------------------
-
-    def _split(self, what: str) -> Call:
-        """This call's record, with the state it starts from (once per call)."""
-        mediator(f"`linear_attn.{what}`")
-        call = self.record()
-        if "initial" not in call.strategy:
-            call.strategy.update(initial=self.record().serve("state"), served=False, read={})
-        return call
-
-    def _segments(self, call: Call, stop: int | None = None) -> list:
-        """The call's runs up to ``stop`` (`Call.segments`), the first from the state entering it."""
-        return call.segments(call.strategy["initial"], stop)
-
-    def _all_computed(self, call: Call, stop: int | None = None, start: int = 0) -> torch.Tensor:
-        """The packed states after tokens ``start .. stop - 1`` (written states not copied in), ``[batch, stop - start, ...]``.
-
-        ``start`` is 0 or where a segment starts (`state_after` computes its last segment only).
-
-        Without autograd written in place into one buffer (`mlstm_states_into`);
-        with a graph to keep, or on a one-token call (transformers runs its
-        one-step kernel there, whose operations `mlstm_states` repeats, so the
-        state equals the cache's bit for bit), the token loop's, concatenated.
-        """
-        runs = [run for run in self._segments(call, stop) if run[0] >= start]
-        k, v, i, f = (self.record().serve(name) for name in ("k", "v", "igate", "fgate"))
-        if call.seq == 1 or differentiable(k, v, i, f, *(initial for _, _, initial in runs)):
-            parts = [mlstm_states(k[:, lo:hi], k[:, lo:hi], v[:, lo:hi], i[:, lo:hi], f[:, lo:hi], initial) for lo, hi, initial in runs]
-            return torch.cat(parts, dim=1)
-        stop = call.seq if stop is None else stop
-        out = empty_states((k.shape[0], stop - start, *call.expected[0][1:]), k.device)
-        for lo, hi, initial in runs:
-            mlstm_states_into(k[:, lo:hi], v[:, lo:hi], i[:, lo:hi], f[:, lo:hi], initial, out, lo - start)
-        return out
-
-    def _states(self) -> torch.Tensor:
-        call = self._split("states")
-        if not call.writes and recording(self.record().serve("k")) and kernel_waiting(self):
-            return self._tapped_states(call)
-        out = mlstm_one_pass.states(self, call)
-        out = self._all_computed(call) if out is None else out
-        for t, value in call.writes.items():
-            out[:, t] = value
-        call.states_read = True
-        call.advance(call.seq - 1, "states")
-        return out
-
-    def _tapped_states(self, call: Call) -> torch.Tensor:
-        """Under autograd: the states as a leaf the layer's output is read through, so ``states.grad`` is the loss's.
-
-        The outputs are recomputed from the states plus a zero `tap` (the
-        recurrence above), and the kernel's own output is replaced by them
-        grafted onto its values (`graft`: the same numbers bit for bit), so
-        the gradient reaches the tap at every token, through the later tokens
-        too, and the kernel's arguments through the recurrence.
-        """
-        q, k, v, i, f = (self.record().serve(name) for name in ("q", "k", "v", "igate", "fgate"))
-        collect = tap((k.shape[0], call.seq, *call.expected[0][1:]), k.float())
-        states, h = mlstm_states(q, k, v, i, f, call.strategy["initial"], tap=collect, eps=self._module.config.eps)
-        output = call.op.output  # the kernel has run: its output is what the layer reads on
-        mine = h.transpose(1, 2)
-        call.op.output = replace_in(output, 0, graft(mine, mine, output[0]))
-        call.states_read = True
-        call.advance(call.seq - 1, "states")
-        with torch.no_grad():  # the leaf's values as without autograd (`states` computes them in place there)
-            values = states.detach() if call.seq == 1 else self._all_computed(call)
-        return fill(collect, values)
+    # -- the state after every token: its own strategy (`nnterp.recurrent.per_token.split_call`) ---------
 
     states = DerivedEProperty(
-        _states,
+        SPLIT_CALL.states,
         description="the packed state (C, n, m) after every token of this call, [batch, seq, mixer_heads, key_dim, "
         "value_dim + 2], computed from the kernel call's arguments",
         unavailable=needs_torch_kernels,
@@ -326,17 +297,7 @@ class MLSTM(RecurrentMixer):
 
     def state_after(self, t: int) -> torch.Tensor:
         """The packed state after token ``t`` of this call (negative ``t`` counts from the end), from its arguments."""
-        what = f"state_after({t})"
-        call = self._split(what)
-        position = call.position(t, what)
-        if position in call.writes:
-            return call.writes[position]
-        lo, hi, initial = self._segments(call, position + 1)[-1]
-        served = mlstm_one_pass.served(call)  # the states the one pass wrote (see `states`), or None
-        value = (served[:, position] if served is not None else self._all_computed(call, position + 1, lo)[:, -1]).clone()
-        call.advance(position, what)
-        call.strategy["read"][position] = value
-        return value
+        return SPLIT_CALL.state_after(self, t)
 
     def states_of(self, positions: Any) -> torch.Tensor:
         """The packed states after tokens ``positions`` only, ``[batch, len(positions), ...]``: ``states[:, positions]``.
@@ -344,20 +305,33 @@ class MLSTM(RecurrentMixer):
         Computed from the call's arguments up to the last selected token, once.
         Order and gradients as `state_after` (a new tensor: read ``states.grad``).
         """
-        what = "states_of(positions)"
-        call = self._split(what)
-        chosen = call.positions(positions, what)
-        if not chosen:
-            shape = call.expected[0]
-            return torch.empty((shape[0], 0, *shape[1:]), device=call.expected[2])
-        last = max(chosen)
-        states = self._all_computed(call, last + 1)
-        for t, value in call.writes.items():
-            if t <= last:
-                states[:, t] = value
-        call.advance(last, what)
-        return states[:, chosen]
+        return SPLIT_CALL.states_of(self, positions)
 
-    # -- a write splits the backend call (mlstm_split.py) -----------------------------------
+    def set_state_after(self, t: int, value: torch.Tensor) -> None:
+        """Continue the tokens after ``t`` from the packed state ``value``; token ``t``'s own output is unchanged.
 
-    set_state_after = split.set_state_after
+        The backend call is split at ``t``: it runs on tokens ``[0, t]`` and on
+        the rest from ``value``, and the call returns both outputs and the
+        second's final state (``value`` itself when ``t`` is the last token),
+        as a cache holding ``value`` continued by the rest would. Writes come
+        before the kernel runs, positions in increasing order, after reads of
+        earlier positions and before `states`.
+        """
+        SPLIT_CALL.set_state_after(self, t, value)
+
+    def run_kernel(self, call: Call, lo: int, hi: int, initial: torch.Tensor | None) -> tuple:
+        """The call source, a method call: the backend module's own forward on tokens ``[lo, hi)`` of the call,
+        from ``initial``: ``(h, (C, n, m))`` (`SplitCall` runs it on each part of a split call)."""
+        backend = self._module.mlstm_backend
+        if "inference" not in backend.config.mode:
+            raise Unavailable(
+                "linear_attn.set_state_after",
+                f"it splits the backend call, which config.mode={backend.config.mode!r} runs through the "
+                "chunkwise kernel alone (whole chunks only, no final state); use mode='inference' (the default)"
+            )
+        kwargs = dict(call.kwargs)
+        for name in ("query", "key", "value", "igate", "fgate"):
+            kwargs[name] = kwargs[name][:, :, lo:hi].contiguous()
+        kwargs.update(zip(("c_initial", "n_initial", "m_initial"), backend_state(initial, kwargs["query"].dtype)))
+        # The class's forward, not the module's __call__: the model is mid-run, hooked by nnsight.
+        return type(backend).forward(backend, *call.args, **kwargs)

@@ -1,27 +1,24 @@
 """RecurrentMixer: how a recurrent mixer's values are reached, whatever the values are.
 
-A recurrent mixer (a gated DeltaNet, a state-space layer) runs its sequence through a kernel function the
-modeling module calls: one kernel for a prompt, another for a one-token step over a cached state (a decode
-step of ``generate``), picked by the forward's own test. Its values are the arguments and results of that
-call. What differs between mixers is which arguments mean what (a signature table per kernel,
-`nnterp.recurrent.arguments`) and how a state is written inside a call (the hooks a strategy calls,
-`nnterp.recurrent.per_token.protocol.Mixer`); what they share is declared here: which kernel fires
-(`KERNEL`, once per call), the values of the per-call record (`nnterp.recurrent.call.Call`: the arguments,
-the state entering and leaving the call, effective attention), and the state after every token, served by
-the strategy `nnterp.recurrent.per_token.strategy_for` chooses for this mixer of this model. A subclass names
-its kernels, its reference HF class and its signature tables in class constants and declares its values;
-the labels (``CHUNK_KERNEL``, ``STATE_OP``, ...) are found in the installed release's source
+A recurrent mixer (a gated DeltaNet, a state-space layer) runs its sequence through a kernel function the modeling
+module calls: one kernel for a prompt, another for a one-token step over a cached state (a decode step of
+``generate``), picked by the forward's own test. Its values are the arguments and results of that call. What differs
+between mixers is which arguments mean what (a signature table per kernel, `nnterp.recurrent.arguments`) and how a
+state is written inside a call (the hooks a strategy calls, `nnterp.recurrent.per_token.protocol.Mixer`); what they
+share is declared here: which kernel fires (`KERNEL`, once per call), the values of the per-call record
+(`nnterp.recurrent.call.Call`: the arguments, the state entering and leaving the call, effective attention), and the
+state after every token, served by the strategy `nnterp.recurrent.per_token.strategy_for` chooses for this mixer of
+this model. A subclass names its kernels, its reference HF class and its signature tables in class constants and
+declares its values; the labels (``CHUNK_KERNEL``, ``STATE_OP``, ...) are found in the installed release's source
 (`nnterp.recurrent.labels`), per HF mixer class; no class is mutated.
 
-Conventions, stated once: ``seq`` is the tokens of *this call* (the prompt, or the one token of a decode
-step), and every per-token position ``t`` counts from the call's own first token. A state is float32
-whatever the model's dtype.
+Conventions, stated once: ``seq`` is the tokens of *this call* (the prompt, or the one token of a decode step), and
+every per-token position ``t`` counts from the call's own first token. A state is float32 whatever the model's dtype.
 
-Failure mode worth knowing: a worker reads in the order the model runs. The state after token ``t`` exists
-only while the kernel runs, so per-token reads and writes come after the kernel's arguments and before
-``state_output`` / ``attention_output`` of the same call, and positions in increasing order. nnsight
-silently drops a request for a position already passed; nnterp raises `OrderError` naming the read that
-came first.
+Failure mode worth knowing: a worker reads in the order the model runs. The state after token ``t`` exists only while
+the kernel runs, so per-token reads and writes come after the kernel's arguments and before ``state_output`` /
+``attention_output`` of the same call, and positions in increasing order. nnsight silently drops a request for a
+position already passed; nnterp raises `OrderError` naming the read that came first.
 """
 
 from __future__ import annotations
@@ -42,7 +39,7 @@ from ..fast.spec import EffectiveSpec, FastSpec
 from ..recurrent import arguments, per_token
 from ..recurrent.call import Call
 from ..recurrent.gradient_support import gradient_reasons
-from ..recurrent.kernels import drill, modeling_of, needs_torch_kernels, original_body
+from ..recurrent.kernels import drill, modeling_of, needs_torch_kernels, original_body, runs_pure_torch
 from ..recurrent.labels import Label, cache_test, call_label, state_label
 from ..recurrent.per_token.loop import needs_recurrent_routing
 from ..recurrent.routing import route_delta_rule, route_kernels, track  # noqa: F401  (documented here)
@@ -60,20 +57,20 @@ EffectiveAttention = Float[Tensor, f"{BATCH} {MIXER_HEADS} {SEQ} {SEQ}"]
 class RecurrentMixer(Standard):
     """A sequence mixer with a recurrent state, read at the kernel call its forward makes.
 
-    A subclass declares: ``REFERENCE``, the HF mixer class (``"module.Class"``) its class-level labels are read
-    from (an envoy reads those of the module it wraps); ``CHUNK_FUNCTION`` / ``RECURRENT_FUNCTION``, the
-    module-level names of the prompt's and the decode step's kernels, whose calls in the forward are labelled
-    ``CHUNK_KERNEL`` / ``RECURRENT_KERNEL``; ``STATE_VARIABLE``, the variable holding the state inside them, so
-    that ``STATE_OP`` is its binding after each token's update in the token-by-token kernel (``None`` when no
-    kernel materializes it) and ``STEP_STATE_OP`` the new state of a one-step decode kernel
-    (``ONE_STEP_DECODE``, Mamba); ``CHUNK_ARGUMENTS`` / ``RECURRENT_ARGUMENTS``, each kernel's signature table
-    (``"state"``: the state entering the call; ``SEQ_ARGUMENT``: the argument whose axis 1 counts the tokens);
-    ``FAST`` / ``EFFECTIVE``, its fast path and effective attention (`nnterp.fast`), or ``None``;
-    ``CHUNKED_SCAN``, whether the prompt kernel is Mamba-2's chunk scan.
+    A subclass declares: ``REFERENCE``, the HF mixer class (``"module.Class"``) its class-level labels are read from
+    (an envoy reads those of the module it wraps); ``CHUNK_FUNCTION`` / ``RECURRENT_FUNCTION``, the module-level
+    names of the prompt's and the decode step's kernels, whose calls in the forward are labelled ``CHUNK_KERNEL`` /
+    ``RECURRENT_KERNEL``; ``STATE_VARIABLE``, the variable holding the state inside them, so that ``STATE_OP`` is
+    its binding after each token's update in the token-by-token kernel (``None`` when no kernel materializes it) and
+    ``STEP_STATE_OP`` the new state of a one-step decode kernel (``ONE_STEP_DECODE``, Mamba); ``CHUNK_ARGUMENTS`` /
+    ``RECURRENT_ARGUMENTS``, each kernel's signature table (``"state"``: the state entering the call;
+    ``SEQ_ARGUMENT``: the argument whose axis 1 counts the tokens); ``FAST`` / ``EFFECTIVE``, its fast path and
+    effective attention (`nnterp.fast`), or ``None``; ``CHUNKED_SCAN``, whether the prompt kernel is Mamba-2's chunk
+    scan.
 
-    ``KERNEL`` names the call that fires on this call of the mixer, decided once per call by the forward's own
-    test, so the same values work in a trace and at every step of ``tracer.iter``. The state after every token
-    (`state`, `states`, `state_after`, `states_of`, `set_state_after`) is served by the strategy
+    ``KERNEL`` names the call that fires on this call of the mixer, decided once per call by the forward's own test,
+    so the same values work in a trace and at every step of ``tracer.iter``. The state after every token (`state`,
+    `states`, `state_after`, `states_of`, `set_state_after`) is served by the strategy
     `nnterp.recurrent.per_token.strategy_for` picks: the token loop once ``nnterp.route_kernels(model.family,
     "torch")`` routes the family's prompts through it (like eager attention, the user's choice), Mamba-2's chunk
     boundaries with ``chunk_per_token(model)``, or the kernel call's own arguments with ``fast_states(model)``.
@@ -88,6 +85,7 @@ class RecurrentMixer(Standard):
     ONE_STEP_DECODE: bool = False
     CHUNKED_SCAN: bool = False
     FAST: FastSpec | None = None
+    OWN_ONE_PASS: Callable | None = None  # its own one pass where it has no fast path (`Mixer.OWN_ONE_PASS`)
     #: Its effective attention (`nnterp.fast.spec`), from the kernel call's arguments, or ``None``.
     EFFECTIVE: EffectiveSpec | None = None
     #: Values of this component no gradient reaches, beyond the shared ones (`gradient_support.NEVER`): name -> why.
@@ -176,18 +174,15 @@ class RecurrentMixer(Standard):
     def KERNEL(envoy: RecurrentMixer) -> str:
         """The kernel call that fires on this call of the mixer, decided once per call (`per_call`).
 
-        The forward's own test: the token-by-token update for one token over a
-        cached state, the prompt's kernel for everything else (several tokens
-        over a cached state included). It is applied to the call's inputs,
-        which fire on every call, so a step of ``tracer.iter`` is pinned by its
-        first read whatever the user reads first.
+        The forward's own test: the token-by-token update for one token over a cached state, the prompt's kernel
+        for everything else (several tokens over a cached state included). It is applied to the call's inputs,
+        which fire on every call, so a step of ``tracer.iter`` is pinned by its first read whatever is read first.
         """
-
         def choose() -> str:
             call = envoy._call()
             return envoy.RECURRENT_KERNEL if call["continues"] and call["seq"] == 1 else envoy.CHUNK_KERNEL
 
-        envoy.source  # instrument the forward before it runs; see routing for why the moment matters
+        envoy.kernel_source()  # instrument the forward before it runs; see routing for why the moment matters
         return per_call(envoy, "kernel", choose)
 
     @staticmethod
@@ -201,14 +196,19 @@ class RecurrentMixer(Standard):
         return Key(at_kernel, f"kernel.{attribute}")
 
     def record(self) -> Call:
-        """This call's `Call`: its kernel call's arguments, read once per call when the kernel starts."""
+        """This call's `Call`, made once per call when the kernel starts (decodes: the entry's ``"decodes"``, else
+        whether the decode kernel fired)."""
 
         def make() -> Call:
-            kernel = self.KERNEL(self)
-            started = self._call()["kernels"][kernel]
-            return Call.at_start(self, kernel, getattr(self.source, kernel), kernel == self.RECURRENT_KERNEL, started, self.SEQ_ARGUMENT)
+            kernel, entry = self.KERNEL(self), self._call()
+            decodes, op = entry.get("decodes", kernel == self.RECURRENT_KERNEL), getattr(self.kernel_source(), kernel)
+            return Call.at_start(self, kernel, op, decodes, entry["kernels"][kernel], self.SEQ_ARGUMENT)
 
         return per_call(self, "call", make)
+
+    def kernel_source(self) -> Any:
+        """The call source: the ``.source`` whose op is the kernel call (the forward's; a method call's, RG-LRU)."""
+        return self.source
 
     # -- the kernel's arguments by name (the record serves and assigns them: `Call.serve`, `Call.assign`) --
 
@@ -225,9 +225,7 @@ class RecurrentMixer(Standard):
 
     def state_shape(self, call: Call) -> tuple:
         """One state's shape in this call, ``(batch, ...)``: the decode buffer's, or the component's formula."""
-        if call.one_step:
-            return tuple(call.serve("state").shape)
-        return self._prompt_state_shape(call)
+        return tuple(call.serve("state").shape) if call.one_step else self._prompt_state_shape(call)
 
     def _prompt_state_shape(self, call: Call) -> tuple:
         raise NotImplementedError
@@ -333,8 +331,7 @@ class RecurrentMixer(Standard):
         new tensor the model does not read, so its ``.grad`` never comes; read ``states.grad`` or
         ``state_after(t).grad`` (on the fast path, under autograd, it is a function of the kernel's arguments).
         """
-        if type(self).state_after is not RecurrentMixer.state_after:
-            # A component serving the per-token states its own way (a window, a method's loop): through its own state_after.
+        if type(self).state_after is not RecurrentMixer.state_after:  # a kind's own state_after (a window, a method's loop)
             return per_token.OWN_STATE_AFTER.states_of(self, positions)
         return per_token.strategy_for(self).states_of(self, positions)
 
@@ -368,6 +365,9 @@ class RecurrentMixer(Standard):
     def kernel_reason(self) -> str | None:
         """Why this mixer's kernel has no Python loop to read, beyond the bindings `needs_torch_kernels` checks."""
         return None
+
+    def pure_torch_kernel(self) -> bool:
+        return runs_pure_torch(self)  # no optimized kernel, no hub module bound (`Mixer.pure_torch_kernel`)
 
     def continue_op(self, call: Call) -> Any:
         """The per-token op whose occurrence ``t + 1`` `continue_from` writes at (the state op by default)."""

@@ -61,11 +61,11 @@ from torch import Tensor
 
 from ..core.calls import mediator, per_call, pinned
 from ..core.dims import BATCH, CONV_CHANNELS, CONV_WINDOW, LRU_WIDTH, SEQ
-from ..core.errors import OrderError, Unavailable, UnsupportedRelease
+from ..core.errors import Unavailable, UnsupportedRelease
 from ..core.values import DerivedEProperty, FirstInput, check_expected, check_tensor
 from ..fast.rg_lru import EFFECTIVE as LRU_ATTENTION
 from ..recurrent.arguments import SAME
-from ..recurrent.call import KERNEL_RAN, Call, order_hint
+from ..recurrent.call import Call
 from ..recurrent.kernels import needs_torch_kernels, signature_binding
 from ..recurrent.labels import Label, bindings, call_label, state_label
 from ..recurrent.per_token import strategy_for
@@ -104,8 +104,7 @@ def _lru_value(label: str | None, name: str, description: str) -> DerivedEProper
 
     def location(envoy: RGLRU) -> str:
         where = envoy._lru_location(label)
-        if mediator().occurrence(where) > envoy._call()["passed"][where]:
-            raise OrderError(order_hint(f"`linear_attn.{name}`", "a later value of this call (the RG-LRU had computed it)"))
+        Call.check_reachable(where, envoy._call()["passed"][where], f"`linear_attn.{name}`", "a later value of this call (the RG-LRU had computed it)")
         return where
 
     def read(envoy: RGLRU) -> torch.Tensor:
@@ -199,36 +198,20 @@ class RGLRU(RecurrentMixer):
             # How often the RG-LRU's values before the scan have been passed: a later request past that is too late.
             labels = (None, "INPUT_GATE", "RECURRENCE_GATE", "LOG_DECAY")
             passed = {where: med.occurrence(where) for where in map(self._lru_location, labels)}
+            # One scan method branches on the length: a one-token call is a decode step, whatever its position.
             return {
                 "seq": hidden.shape[1], "continues": not resets, "use_cache": bound.get("use_cache", True),
-                "kernels": started, "passed": passed,
+                "kernels": started, "passed": passed, "decodes": hidden.shape[1] == 1,
             }
 
         return per_call(self, "inputs", read)
 
-    @staticmethod
-    def KERNEL(envoy: RGLRU) -> str:
-        """The scan's call label: one method serves prompts and decode steps (it branches on the length)."""
-        envoy._call()
-        return envoy.SCAN_KERNEL
+    def kernel_source(self) -> Any:
+        # A method-call source: the RG-LRU's own scan method, called in its forward (one label, prompts and steps).
+        return self._lru().source
 
     def _decodes(self) -> bool:
-        return self._call()["seq"] == 1
-
-    def record(self) -> Call:
-        def make() -> Call:
-            info = self._call()
-            op = getattr(self._lru().source, self.SCAN_KERNEL)
-            call = Call(self, self.SCAN_KERNEL, op, info["seq"] == 1, info["kernels"][self.SCAN_KERNEL])
-            call.check_not_started("a kernel argument", KERNEL_RAN)
-            call.args, call.kwargs = op.inputs
-            call.output_at = mediator().occurrence(f"{op.path}.output")
-            x = call.serve("x")
-            call.seq = x.shape[1]
-            call.expected = ((x.shape[0], x.shape[2]), torch.float32, x.device)
-            return call
-
-        return per_call(self, "call", make)
+        return self._call()["decodes"]
 
     def _prompt_state_shape(self, call: Call) -> tuple:
         x = call.serve("x")
@@ -256,13 +239,10 @@ class RGLRU(RecurrentMixer):
         self.record().assign("state", value)
 
     state_input = DerivedEProperty(
-        _entering,
-        assign=_assign_entering,
+        _entering, assign=_assign_entering,
         description="the state entering this call, [batch, lru_width], a copy (None where the call starts at position 0, "
         "which resets it: every prompt); assign it on a decode step to continue from another",
-        unavailable=needs_torch_kernels,
-        annotation=LruState,
-        none_on_fresh_prompt=True,
+        unavailable=needs_torch_kernels, annotation=LruState, none_on_fresh_prompt=True,
     )
     def read_state_output(self) -> torch.Tensor:
         self._require_cache()
@@ -279,11 +259,9 @@ class RGLRU(RecurrentMixer):
             raise Unavailable("linear_attn.state_output", _NO_CACHE)
 
     state_output = DerivedEProperty(
-        read_state_output,
-        assign=write_state_output,
+        read_state_output, assign=write_state_output,
         description="the state after this call's last token, what the next decode step starts from, [batch, lru_width]",
-        unavailable=needs_torch_kernels,
-        annotation=LruState,
+        unavailable=needs_torch_kernels, annotation=LruState,
     )
 
     # -- the state after every token: the token loop on a prompt, the return on a decode step --

@@ -85,7 +85,7 @@ from ..recurrent.call import Call
 from ..recurrent.gradients import recording
 from ..recurrent.kernels import needs_torch_kernels
 from ..recurrent.labels import Label, call_label
-from . import short_convolution_windows as windows
+from ..recurrent.per_token.windows import WINDOWS, extended
 from .conv import conv_state_input, conv_state_output
 from .recurrent import RecurrentMixer
 
@@ -227,16 +227,10 @@ class ShortConvolution(RecurrentMixer):
             call.strategy.update(extended=extended, versions=[(-1, extended)])
         return call
 
-    def _extended(self, position: int | None = None) -> torch.Tensor:
-        """``[batch, conv_channels, conv_width + seq]``: the window entering the call, then the call's inputs.
-
-        The window after token ``t`` is ``extended[..., t+1 : t+1+L]``. With
-        ``position``, the version a write at or before it made.
-        """
-        versions = self.record().strategy["versions"]
-        if position is None:
-            return versions[0][1]
-        return [extended for t, extended in versions if t <= position][-1]
+    def _extended(self) -> torch.Tensor:
+        """``[batch, conv_channels, conv_width + seq]``: the window entering the call, then the call's inputs (the
+        window after token ``t`` is ``[..., t+1 : t+1+L]``; `nnterp.recurrent.per_token.windows`)."""
+        return extended(self.record())
 
     def _conv_input(self) -> torch.Tensor:
         width = self._module.conv_kernel_size
@@ -264,6 +258,10 @@ class ShortConvolution(RecurrentMixer):
             return None
         layer = cache.layers[self._module.layer_idx]
         return layer.conv_states[0][_rows()] if layer.has_previous_state[0] else None
+
+    def cache_window(self) -> torch.Tensor | None:
+        """The cache's window buffer (this invoke's rows), or ``None`` without a cache or on a fresh prompt."""
+        return self._window(False)
 
     def _state_input(self) -> torch.Tensor | None:
         if self._call()["cache"] is None:
@@ -325,14 +323,25 @@ class ShortConvolution(RecurrentMixer):
         annotation=ConvState,
     )
 
-    # -- the window after every token (short_convolution_windows.py) ----------------------
+    # -- the window after every token: its own strategy (`nnterp.recurrent.per_token.windows`) -----------
 
-    _states = windows.states
-    state_after = windows.state_after
-    set_state_after = windows.set_state_after
+    def state_after(self, t: int) -> torch.Tensor:
+        """The window after token ``t`` of this call, ``[batch, conv_channels, conv_width]`` (negative ``t`` from the end)."""
+        return WINDOWS.state_after(self, t)
+
+    def set_state_after(self, t: int, value: torch.Tensor) -> None:
+        """The tokens after ``t`` convolve over ``value``, ``[batch, conv_channels, conv_width]``; token ``t`` keeps its output.
+
+        The outputs of tokens ``t+1 .. t+L-1`` of this call are recomputed from
+        the written window (later tokens no longer read it), and the cache keeps
+        the window after the call's last token, so a write on the last token
+        is what the next call starts from. Writes in one call come in
+        increasing positions, after any `states` read.
+        """
+        WINDOWS.set_state_after(self, t, value)
 
     states = DerivedEProperty(
-        _states,
+        WINDOWS.states,
         description="the convolution window after every token of this call, [batch, seq, conv_channels, conv_width]",
         unavailable=needs_torch_kernels,
         annotation=ConvStates,

@@ -1,59 +1,48 @@
 """WKV: RWKV-4's time mixing (Peng et al., 2023, arXiv:2305.13048).
 
-Mental model: every attention channel ``c`` keeps a running weighted average
-of the values it has seen. Token ``s`` enters with weight ``e^{k_s}``, and each
-later token multiplies the weights by ``e^{w}`` with ``w = -exp(time_decay)``
-(``< 0``, one decay per channel, the same at every token); the current token
-gets a bonus ``u`` (``time_first``) instead. In the paper's notation, per
-channel:
+Mental model: every attention channel ``c`` keeps a running weighted average of the values it has seen. Token ``s``
+enters with weight ``e^{k_s}``, and each later token multiplies the weights by ``e^{w}`` with ``w =
+-exp(time_decay)`` (``< 0``, one decay per channel, the same at every token); the current token gets a bonus ``u``
+(``time_first``) instead. In the paper's notation, per channel:
 
     wkv_t = (a_{t-1} + e^{u + k_t} v_t) / (b_{t-1} + e^{u + k_t})
     a_t = e^{w} a_{t-1} + e^{k_t} v_t,   b_t = e^{w} b_{t-1} + e^{k_t}
     out_t = W_o (σ(r_t) ⊙ wkv_t)
 
-transformers' kernel (`rwkv_linear_attention_cpu`, a loop over tokens) keeps
-``a`` and ``b`` scaled by ``e^{-p}``, with ``p`` the running maximum of the
-exponents, so nothing overflows. That triple is the state, served as one
-tensor ``[batch, 3, channels]`` (``wkv_parts``): index 0 the scaled numerator
-``a e^{-p}``, 1 the scaled denominator ``b e^{-p}``, 2 the maximum ``p``;
-float32. A fresh state is ``(0, 0, -1e30)`` (the model's own initial value).
+transformers' kernel (`rwkv_linear_attention_cpu`, a loop over tokens) keeps ``a`` and ``b`` scaled by ``e^{-p}``,
+with ``p`` the running maximum of the exponents, so nothing overflows. That triple is the state, served as one
+tensor ``[batch, 3, channels]`` (``wkv_parts``): index 0 the scaled numerator ``a e^{-p}``, 1 the scaled
+denominator ``b e^{-p}``, 2 the maximum ``p``; float32. A fresh state is ``(0, 0, -1e30)`` (the model's own initial
+value).
 
-Values, all tokens first (``seq`` is this call's tokens, one on a decode step),
-in forward order:
+Values, all tokens first (``seq`` is this call's tokens, one on a decode step), in forward order:
 
-* ``conv_state_input`` ``[batch, conv_channels, 1]``: the token shift, the
-  previous token's (normed) input that this call's first token mixes with
-  (``None`` on a fresh prompt, which shifts in zeros); ``conv_channels`` is
+* ``conv_state_input`` ``[batch, conv_channels, 1]``: the token shift, the previous token's (normed) input that
+  this call's first token mixes with (``None`` on a fresh prompt, which shifts in zeros); ``conv_channels`` is
   ``hidden``. ``conv_state_output``: the one this call leaves (its last token's).
-* ``receptances`` ``[batch, seq, channels]``: ``σ(r)``, the gate on the kernel's
-  output (HF's ``receptance`` is the linear map before the sigmoid).
+* ``receptances`` ``[batch, seq, channels]``: ``σ(r)``, the gate on the kernel's output (HF's ``receptance`` is the
+  linear map before the sigmoid).
 * ``attention_keys`` / ``attention_values`` ``[batch, seq, channels]``: ``k``, ``v``.
-* ``decay_rates`` ``[channels]``: the kernel's ``time_decay`` (the decay per
-  token is ``exp(-exp(time_decay))``); ``bonus`` ``[channels]``: its
-  ``time_first``, ``u``. Both are the kernel's arguments, the module's
-  parameters as passed: a write changes this call only.
+* ``decay_rates`` ``[channels]``: the kernel's ``time_decay`` (the decay per token is ``exp(-exp(time_decay))``);
+  ``bonus`` ``[channels]``: its ``time_first``, ``u``. Both are the kernel's arguments, the module's parameters as
+  passed: a write changes this call only.
 * ``decays`` ``[channels]``: the log decay ``w = -exp(time_decay)``, read-only.
-* ``state_input`` ``[batch, wkv_parts, channels]``: the state entering the call,
-  a copy; ``None`` on a fresh prompt (a state with nothing absorbed: ``b = 0``).
-  Writable on a prompt too: the kernel takes an initial state.
-* ``state`` / ``states`` ``[batch, seq, wkv_parts, channels]`` /
-  ``state_after`` / ``set_state_after``: the state after every token, read in
-  the kernel's own loop (`TokenLoop`), with no routing on CPU; ``states`` read
-  first on a float32 prompt without autograd runs the kernel's loop once with
-  every state and skips the call (`nnterp.components.wkv_one_pass`). A write at
-  ``t`` recomputes token ``t + 1`` from the written state with the kernel's
-  own operations (its output and its update), so the loop goes on from it.
+* ``state_input`` ``[batch, wkv_parts, channels]``: the state entering the call, a copy; ``None`` on a fresh prompt
+  (a state with nothing absorbed: ``b = 0``). Writable on a prompt too: the kernel takes an initial state.
+* ``state`` / ``states`` ``[batch, seq, wkv_parts, channels]`` / ``state_after`` / ``set_state_after``: the state
+  after every token, read in the kernel's own loop (`TokenLoop`), with no routing on CPU; ``states`` read first on
+  a float32 prompt without autograd runs the kernel's loop once with every state and skips the call
+  (`OWN_ONE_PASS`, run by `TokenLoop`). A write at ``t`` recomputes token ``t + 1`` from the written state with the
+  kernel's own operations (its output and its update), so the loop goes on from it.
 * ``state_output``: the state after the call's last token; writable.
-* ``effective_attention`` ``[batch, channels, seq, seq]``: the kernel's output
-  as an average of the values, one pattern per channel (`nnterp.fast.wkv`),
-  and ``state_input_readout`` ``[batch, seq, channels]``, the entering state's
-  part; exact from the arguments.
+* ``effective_attention`` ``[batch, channels, seq, seq]``: the kernel's output as an average of the values, one
+  pattern per channel (`nnterp.fast.wkv`), and ``state_input_readout`` ``[batch, seq, channels]``, the entering
+  state's part; exact from the arguments.
 * ``attention_output`` ``[batch, seq, hidden]``: the mixer's output.
 * ``argument(name)``: any kernel argument by its signature-table name.
 
-Failure mode worth knowing: with transformers' CUDA WKV kernel loaded (the
-``kernels`` package, on CUDA tensors) a prompt runs with no Python loop, and
-the values inside it are unavailable (`kernel_reason`).
+Failure mode worth knowing: with transformers' CUDA WKV kernel loaded (the ``kernels`` package, on CUDA tensors) a
+prompt runs with no Python loop, and the values inside it are unavailable (`kernel_reason`).
 """
 
 from __future__ import annotations
@@ -67,12 +56,12 @@ from ..core.dims import BATCH, CHANNELS, CONV_CHANNELS, CONV_WIDTH, SEQ, WKV_PAR
 from ..core.errors import Unavailable
 from ..core.values import DerivedEProperty, Key, check_expected, check_tensor, replace_in
 from ..fast.wkv import EFFECTIVE as WKV_ATTENTION
+from ..fast.wkv import wkv_one_pass
 from ..recurrent.arguments import SAME, kernel_waiting
 from ..recurrent.call import Call
 from ..recurrent.gradients import graft, recording
-from ..recurrent.kernels import drill, modeling_of, needs_torch_kernels, original_body
+from ..recurrent.kernels import bound, drill, modeling_of, needs_torch_kernels, original_body, torch_function
 from ..recurrent.labels import Label, bindings, cache_test, call_label
-from . import wkv_one_pass as one_pass
 from .recurrent import RecurrentMixer, kernel_argument
 
 Channels = Float[Tensor, f"{BATCH} {SEQ} {CHANNELS}"]
@@ -97,6 +86,14 @@ _NO_BACKWARD_STATE = (
 )
 
 
+def _one_pass(a: dict, out: torch.Tensor) -> tuple | None:
+    """The kernel's return and every state (`nnterp.fast.wkv_states.wkv_one_pass`), on a float32 prompt."""
+    inputs = (a["time_decay"], a["time_first"], a["k"], a["v"], *(a["state"] or ()))
+    if a["k"].shape[1] < 2 or any(x.dtype != torch.float32 for x in inputs):
+        return None  # a decode step (one kernel serves it: the loop serves it), or a model in another dtype
+    return wkv_one_pass(a["time_decay"], a["time_first"], a["k"], a["v"], a["state"], out, bool(a["return_state"])), out
+
+
 def _fresh(den: torch.Tensor) -> bool:
     # b > 0 once any token was absorbed (each update adds e^{k - p'} with p' >= k, or keeps b > 0).
     return bool((den == 0).all())
@@ -113,6 +110,7 @@ class WKV(RecurrentMixer):
     STATE_VARIABLE = "max_state"
     SEQ_ARGUMENT = "k"
     EFFECTIVE = WKV_ATTENTION
+    OWN_ONE_PASS = staticmethod(_one_pass)
 
     #: ``rwkv_linear_attention(time_decay, time_first, key, value, state=, return_state=)``; ``state`` is
     #: the triple ``(num, den, max)`` of ``[batch, channels]`` tensors (``None`` without a cache).
@@ -172,6 +170,12 @@ class WKV(RecurrentMixer):
                 "before the trace (transformers then runs its pure-torch loop, on any device), or uninstall `kernels`"
             )
         return None
+
+    def pure_torch_kernel(self) -> bool:
+        # transformers' own loop, as bound at import (not a routed binding), and not the CUDA kernel.
+        if not RecurrentMixer.pure_torch_kernel(self):
+            return False
+        return torch_function(bound(modeling_of(self._module), self.CHUNK_FUNCTION)) is self.loop_function() and self.kernel_reason() is None
 
     def loop_source(self, op):
         source = drill(op)
@@ -258,29 +262,20 @@ class WKV(RecurrentMixer):
         call.op.output = replace_in(output, 1, list(value.unbind(1)))
 
     state_input = DerivedEProperty(
-        _state_input,
-        assign=_assign_state_input,
-        key=RecurrentMixer.kernel("inputs"),
+        _state_input, assign=_assign_state_input, key=RecurrentMixer.kernel("inputs"),
         description="the WKV state entering this call, [batch, wkv_parts, channels] (numerator, denominator, max), a "
         "copy; None on a fresh prompt; assign it to continue from another",
-        unavailable=needs_torch_kernels,
-        annotation=WkvState,
-        none_on_fresh_prompt=True,
+        unavailable=needs_torch_kernels, annotation=WkvState, none_on_fresh_prompt=True,
     )
     state_output = DerivedEProperty(
-        read_state_output,
-        assign=write_state_output,
-        key=RecurrentMixer.kernel("output"),
+        read_state_output, assign=write_state_output, key=RecurrentMixer.kernel("output"),
         description="the WKV state after this call's last token, [batch, wkv_parts, channels]",
-        unavailable=needs_torch_kernels,
-        annotation=WkvState,
+        unavailable=needs_torch_kernels, annotation=WkvState,
     )
     state = RecurrentMixer.state.variant(
         "the WKV state after a token, one occurrence per token (tracer.iter), [batch, wkv_parts, channels]", WkvState
     )
     states = RecurrentMixer.states.variant("the WKV state after every token of this call, [batch, seq, wkv_parts, channels]", WkvStates)
-    states.compute = one_pass.every_state  # the kernel's loop run once with every state where it applies
-    state_after, set_state_after = one_pass.state_after, one_pass.set_state_after
 
     effective_attention = RecurrentMixer.effective_attention.variant(
         "the exact effective attention per channel A[c, t, s]: the kernel's output (before the receptance gate) at t "
@@ -316,13 +311,11 @@ class WKV(RecurrentMixer):
         op.output = replace_in(output, 0, value)
 
     receptances = DerivedEProperty(
-        _receptance,
-        assign=_assign_receptance,
+        _receptance, assign=_assign_receptance,
         key=Key(lambda envoy: f"source.{envoy.EXTRACT_CALL}.output", "extract_key_value.output"),
         description="the receptance gate sigma(r) on the kernel's output (the forward multiplies it in after the "
         "kernel), [batch, seq, channels]",
-        unavailable=needs_torch_kernels,
-        annotation=Channels,
+        unavailable=needs_torch_kernels, annotation=Channels,
     )
     attention_keys = kernel_argument("k", "k, each token's log weight in the average, [batch, seq, channels]", Channels)
     attention_values = kernel_argument("v", "v, what each token writes, [batch, seq, channels]", Channels)
@@ -337,10 +330,8 @@ class WKV(RecurrentMixer):
         return decays
 
     decays = DerivedEProperty(
-        _decays,
-        description="the log decay per token w = -exp(time_decay) < 0, [channels]",
-        unavailable=needs_torch_kernels,
-        annotation=PerChannel,
+        _decays, description="the log decay per token w = -exp(time_decay) < 0, [channels]",
+        unavailable=needs_torch_kernels, annotation=PerChannel,
     )
 
     # -- the token shift, a window of one token ----------------------------------------------
@@ -384,16 +375,13 @@ class WKV(RecurrentMixer):
         window.copy_(value[..., 0])
 
     conv_state_input = DerivedEProperty(
-        _shift_input,
-        assign=_assign_shift_input,
+        _shift_input, assign=_assign_shift_input,
         description="the token shift entering this call: the previous token's normed input, [batch, conv_channels, 1] "
         "(None on a fresh prompt, which shifts in zeros)",
-        annotation=ShiftState,
-        none_on_fresh_prompt=True,
+        annotation=ShiftState, none_on_fresh_prompt=True,
     )
     conv_state_output = DerivedEProperty(
-        _shift_output,
-        assign=_assign_shift_output,
+        _shift_output, assign=_assign_shift_output,
         description="the token shift leaving this call: its last token's normed input, [batch, conv_channels, 1]",
         annotation=ShiftState,
     )

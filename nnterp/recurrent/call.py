@@ -331,6 +331,15 @@ class Call:
         """Raise unless the kernel call has not started: a write that replaces the whole call (skips it) comes first."""
         self.check_not_started(what, "this call's kernel had already started (state_output, attention_output or a later value was read first)")
 
+    def check_no_write(self, what: str) -> None:
+        """Raise if this call has a write: a read of every token (`states`) that cannot see it comes before it."""
+        if self.writes:
+            raise OrderError(f"{what} after set_state_after in the same call: read states before the write")
+
+    def check_no_states_read(self, what: str) -> None:
+        """Raise if `states` was read in this call: a one pass served every state and skipped the kernel call."""
+        self.check_write_order(what, 0, self.states_read, None, {})
+
     def check_no_later_read(self, position: int, what: str) -> None:
         """Raise if a read or write reached a token after ``position`` (a write carried to every later token
         through the decays, which any number of writes may repeat in any order)."""

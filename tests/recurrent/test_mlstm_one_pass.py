@@ -17,8 +17,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from nnterp import OrderError, StandardizedTransformer
-from nnterp.components import mlstm_one_pass
 from nnterp.components.mlstm import MLSTM
+from nnterp.recurrent.per_token import from_arguments
 from tests.reference import hf_oracles as hf
 from tests.reference import mlstm as ref
 from tests.reference.calls import counting
@@ -147,7 +147,7 @@ class TestMlstmOnePass(CheckpointFixtures):
             single = model.layers[0].linear_attn.states.save()
         assert len(calls) == len(model.layers)
         torch.testing.assert_close(single, packed_prefixes(plain, one, 0), **TOL)
-        monkeypatch.setattr(mlstm_one_pass, "ONE_PASS", False)
+        monkeypatch.setattr(from_arguments, "ONE_PASS", False)
         with counting(backend) as calls, torch.no_grad(), model.trace(ids):
             states = model.layers[0].linear_attn.states.save()
             logits = model.logits.save()

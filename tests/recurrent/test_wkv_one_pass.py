@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from nnterp import OrderError
-from nnterp.components import wkv_one_pass
+from nnterp.recurrent.per_token import from_arguments
 from tests.components.test_wkv import (
     CACHE,
     TOL,
@@ -131,7 +131,7 @@ class TestWkvOnePass(CheckpointFixtures):
         with torch.no_grad(), model.trace(ids):
             one = mix.states.save()
             one_logits = model.logits.save()
-        monkeypatch.setattr(wkv_one_pass, "ONE_PASS", False)
+        monkeypatch.setattr(from_arguments, "ONE_PASS", False)
         with counting(loop) as calls, torch.no_grad(), model.trace(ids):
             two = mix.states.save()
             two_logits = model.logits.save()

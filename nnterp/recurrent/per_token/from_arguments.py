@@ -67,7 +67,8 @@ from .protocol import Mixer, PerToken
 #: Tokens whose states `FromArguments.states_of` computes at once (its memory beyond the selection).
 SELECTION_BLOCK = 64
 #: Whether ``states`` computes a pure-torch kernel's output with the states and skips the call (measured faster
-#: on every kind with a fast path: docs/performance.md times both). ``False``: the kernel runs, then a second pass.
+#: on every kind that has a one pass: docs/performance.md times both), on every kind (`one_pass`: the fast path's,
+#: RWKV-4's token loop, the mLSTM's backend). ``False``: the kernel runs, then a second pass.
 ONE_PASS = True
 
 
@@ -140,7 +141,7 @@ class FromArguments(PerToken):
         # Without autograd, into the reused buffer with no graph; with it, into a fresh tensor, as a function of the
         # arguments (a loss on the states reaches them). The kernel never reads these states, so no later loss does.
         out = self._buffer((shape[0], call.seq, *shape[1:]), call.expected[2], differentiable)
-        done = self._one_pass(mixer, call, out) if not differentiable else None
+        done = one_pass(mixer, call, spec.one_pass, arguments, out) if not differentiable else None
         with torch.enable_grad() if differentiable else torch.no_grad():
             for lo, hi, initial in self.segments(call) if done is None else ():
                 spec.compute(piece(spec, arguments, lo, hi, initial), out[:, lo:hi])
@@ -149,23 +150,6 @@ class FromArguments(PerToken):
         call.states_read = True
         call.advance(call.seq - 1, "states")
         return out
-
-    def _one_pass(self, mixer: Mixer, call: Call, out: torch.Tensor) -> torch.Tensor | None:
-        """The states, with the kernel call skipped with the output computed alongside them, or ``None`` (see `ONE_PASS`)."""
-        cls = type(mixer)
-        if not ONE_PASS or cls.FAST.one_pass is None or call.writes or call.strategy["served"] or not covers_the_batch():
-            return None
-        if call.occurrences(f"{call.op.path}.input") > call.started:
-            return None  # the kernel already runs (a value read earlier needed it)
-        if not runs_pure_torch(mixer):
-            return None  # an optimized kernel: its output is what the run must get, and it is faster than this pass
-        with torch.no_grad():
-            done = cls.FAST.one_pass(call.strategy["named"], out)
-        if done is None:
-            return None
-        call.op.skip(done[0])
-        call.strategy["served"] = True
-        return done[1]
 
     def state_after(self, mixer: Mixer, t: int) -> torch.Tensor:
         what = f"state_after({t})"
@@ -266,6 +250,39 @@ def covers_the_batch() -> bool:
     batcher = getattr(med.interleaver, "batcher", None)
     group = med.batch_group
     return group is None or batcher is None or (group[0] == 0 and group[1] == batcher.total)
+
+
+def one_pass(mixer: Mixer, call: Call, run: Any, arguments: dict, out: Any) -> torch.Tensor | None:
+    """The one one-pass switch: the states of ``call`` computed with its kernel's output, the call skipped with it.
+
+    ``run(arguments, out)`` is the kind's one pass (a `FastSpec`'s ``one_pass``, or a mixer's own
+    ``OWN_ONE_PASS``): the kernel's own return and the states, ``(result, states)``, from ``arguments`` (its
+    named arguments, tokens first, ``"state"`` the entering one), or ``None`` where it would not equal the
+    kernel's pure-torch body (another dtype; a one-token call, for a kind whose step kernel the cache keeps).
+    ``out`` is the states' buffer, or its shape (allocated from the reused pool once the pass applies). It
+    applies, and this returns the states, when `ONE_PASS` is on, the call has no write and was not served yet,
+    its kernel has not started (a value read earlier needed it), one invoke covers the batch, no argument is
+    recorded by autograd, and the mixer's kernel is the pure-torch body the pass replaces
+    (``mixer.pure_torch_kernel()``: an optimized kernel's output is what the run must get); else ``None``.
+    """
+    if not ONE_PASS or run is None or call.writes or call.strategy.get("served") or not covers_the_batch():
+        return None
+    if not call.kernel_waiting() or any(recorded(x) for x in arguments.values()) or not mixer.pure_torch_kernel():
+        return None
+    if not isinstance(out, torch.Tensor):
+        out = empty_states(tuple(out), call.expected[2])
+    with torch.no_grad():
+        done = run(arguments, out)
+    if done is None:
+        return None
+    call.op.skip(done[0])
+    call.strategy["served"] = True
+    return done[1]
+
+
+def recorded(x: Any) -> bool:
+    """Whether autograd records ``x`` (a tensor, or a tuple of them: RWKV-4's state)."""
+    return any(recording(y) for y in x) if isinstance(x, (tuple, list)) else recording(x)
 
 
 def piece(spec: Any, arguments: dict, lo: int, hi: int, initial: Any) -> dict:

@@ -28,7 +28,11 @@ from ..call import KERNEL_RAN, Call
 from ..gradients import fill, recording, tap
 from ..kernels import bound, modeling_of, needs_torch_kernels, torch_function
 from ..settings import runs_remotely
+from .from_arguments import one_pass
 from .protocol import Mixer, PerToken, TokenOp
+
+#: Where a kind's own one pass (``OWN_ONE_PASS``) keeps the states it filled, in the call's per-strategy data.
+ONE_PASS_STATES = "one_pass"
 
 
 def needs_recurrent_routing(mixer: Mixer) -> str | None:
@@ -105,7 +109,40 @@ class TokenLoop(PerToken):
     def _reach(self, call: Call, position: int, what: str, op: Any = None) -> None:
         call.reach(position, what, op or call.mixer.token_ops(call, position), call.strategy["first"])
 
+    def _served(self, mixer: Mixer) -> torch.Tensor | None:
+        """The states a kind's own one pass filled in this call, or ``None`` (a kind without one: never)."""
+        if type(mixer).OWN_ONE_PASS is None or self.unavailable(mixer) is not None:
+            return None
+        mediator("`linear_attn.states`")
+        return mixer.record().strategy.get(ONE_PASS_STATES)
+
+    def _one_pass(self, mixer: Mixer) -> torch.Tensor | None:
+        """``states`` by the kind's own one pass (RWKV-4: the kernel's loop run once with every state, the call
+        skipped with its return, through the one switch `from_arguments.one_pass`), where it applies: a call
+        where nothing per-token was read or written yet. After it ``state_after`` reads the buffer and
+        ``set_state_after`` is refused, as after ``states`` on every path."""
+        own = type(mixer).OWN_ONE_PASS
+        if own is None or self.unavailable(mixer) is not None:
+            return None
+        mediator("`linear_attn.states`")
+        call = mixer.record()
+        if ONE_PASS_STATES in call.strategy:
+            return call.strategy[ONE_PASS_STATES]
+        if call.strategy or call.furthest is not None:
+            return None  # something per-token already read or written in this call: the loop serves it
+        shape = call.expected[0]
+        arguments = {name: call.serve(name) for name in call.table}
+        out = one_pass(mixer, call, own, arguments, (shape[0], call.seq, *shape[1:]))
+        if out is not None:
+            call.strategy[ONE_PASS_STATES] = out
+            call.states_read = True
+            call.advance(call.seq - 1, "states")
+        return out
+
     def states(self, mixer: Mixer) -> torch.Tensor:
+        served = self._one_pass(mixer)
+        if served is not None:
+            return served
         call = self.require(mixer, "states")
         if self._kept(call, 0) is None:
             self._reach(call, 0, "states")
@@ -127,6 +164,9 @@ class TokenLoop(PerToken):
 
     def state_after(self, mixer: Mixer, t: int) -> torch.Tensor:
         what = f"state_after({t})"
+        served = self._served(mixer)
+        if served is not None:
+            return served[:, mixer.record().position(t, what)]
         call = self.require(mixer, "state_after")
         position = call.position(t, what)
         if position in call.writes:
@@ -137,6 +177,8 @@ class TokenLoop(PerToken):
 
     def set_state_after(self, mixer: Mixer, t: int, value: torch.Tensor) -> None:
         what = f"set_state_after({t}, value)"
+        if self._served(mixer) is not None:
+            mixer.record().check_no_states_read(what)
         call = self.require(mixer, "set_state_after")
         position = call.position(t, what)
         check_expected(what, value, *call.expected)
@@ -183,4 +225,4 @@ class TokenLoop(PerToken):
 
 TOKEN_LOOP = TokenLoop()
 
-__all__ = ["TokenLoop", "TOKEN_LOOP", "TokenOp", "needs_recurrent_routing"]
+__all__ = ["TokenLoop", "TOKEN_LOOP", "TokenOp", "needs_recurrent_routing", "ONE_PASS_STATES"]

@@ -34,6 +34,9 @@ class Mixer(Protocol):
     #: whether the prompt kernel is Mamba-2's chunk scan.
     FAST: Any
     EFFECTIVE: Any
+    #: A kind's own one pass where it has no fast path (RWKV-4's loop, the mLSTM's backend), run by the one
+    #: switch (`nnterp.recurrent.per_token.from_arguments.one_pass`) as a `FastSpec`'s ``one_pass``; or ``None``.
+    OWN_ONE_PASS: Any
     CHUNK_ARGUMENTS: dict
     CHUNK_FUNCTION: str
     FINAL_STATE: int
@@ -85,6 +88,16 @@ class Mixer(Protocol):
 
     def set_state_after(self, t: int, value: torch.Tensor) -> None:
         """The mixer's ``set_state_after`` (``state`` under ``generate`` is the step's last token)."""
+
+    def pure_torch_kernel(self) -> bool:
+        """Whether the prompt's kernel call runs transformers' own pure-torch body now (what a one pass replaces)."""
+
+    def run_kernel(self, call: Call, lo: int, hi: int, initial: Any) -> Any:
+        """A method-call source's kernel (the mLSTM's backend) on tokens ``[lo, hi)`` of ``call``, from ``initial``:
+        its own return, so a split call is its parts' returns joined."""
+
+    def cache_window(self) -> torch.Tensor | None:
+        """A short convolution's cache window buffer, written in place (``None`` without a cache)."""
 
     def kernel_reason(self) -> str | None:
         """Why the bound kernel has no Python loop to read, beyond the bindings ``needs_torch_kernels`` checks."""
