@@ -156,8 +156,10 @@ class PlantedFacts:
         rng = random.Random(FACT_SEED)
         self.facts = {(a, b): rng.choice(ATTRIBUTES) for a in FIRST for b in LAST}
 
-    def sequence(self, rng: random.Random, n_pairs: int = 0, n_queries: int = 0) -> tuple[list[str], list[int]]:
-        sample = self.sample(rng)
+    def sequence(self, rng: random.Random, n_pairs: int = 4, n_queries: int = 0) -> tuple[list[str], list[int]]:
+        """A training sequence (the prompt and its answer) and the answer's position; a batch shares
+        ``n_pairs``, which sets the filler's length so that its rows have one length."""
+        sample = self.sample(rng, filler=min(6, max(0, n_pairs - 4)))
         return sample.words + [sample.answer], [len(sample.words) - 1]
 
     def sample(self, rng: random.Random, subject: tuple[str, str] | None = None, filler: int | None = None) -> Sample:
