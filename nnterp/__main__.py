@@ -1,7 +1,7 @@
 """The command line: ``nnterp demo`` and ``nnterp support`` (also ``python -m nnterp``).
 
 ``nnterp demo [--out DIR]`` runs on the trained toys shipped in the package
-(`nnterp.testing.toy_checkpoint`, `nnterp.toy_demo`): associative recall on a
+(`nnterp.testing.toy_checkpoint`, `nnterp.testing.toy_demo`): associative recall on a
 recurrent-only toy and on a hybrid, the state after every token, effective
 attention, and a swap of the context's memory for a donor context's that
 changes the recalled value, with plots in ``--out``.
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-DEFAULT_MODEL = "toys"  # the trained toys of nnterp.testing (nnterp.toy_demo)
+DEFAULT_MODEL = "toys"  # the trained toys of nnterp.testing (nnterp.testing.toy_demo)
 TINY_HYBRID = "qwen3_5_text"  # the embedded tiny random-weight hybrid, by nnterp.testing's name
 PROMPT = "The Eiffel Tower is in the city of"
 DONOR = "My favourite food is pizza with"
@@ -187,7 +187,7 @@ def demo_command(args: argparse.Namespace) -> int:
         print(f"nnterp demo: {problem}", file=sys.stderr)
         return 2
     if args.model == DEFAULT_MODEL and not os.path.exists(args.model):
-        from nnterp import toy_demo
+        from nnterp.testing import toy_demo
 
         print("nnterp demo: the trained toys (nnterp.testing.toy_checkpoint), associative recall")
         toy_demo.run(args.out, samples=args.samples, device=args.device)
