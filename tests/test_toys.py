@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM
 
 import nnterp
 from nnterp import StandardizedTransformer
+from nnterp.sweep import per_token_states
 from nnterp.testing import recall, toy_checkpoint, toy_manifest, toy_names, toy_task
 from nnterp.testing.toys import TOYS_DIR
 
@@ -187,3 +188,23 @@ def test_on_the_hybrid_toy_the_recurrent_state_carries_the_recall(models):
                 model.layers[attention].self_attn.attention_output[:, -1] = 0.0
             logits.append(model.logits[0, -1].save())
     assert float((logits[0] - logits[1]).abs().max()) > 1e-2
+
+
+def test_the_all_linear_deltanet_toy_runs_without_a_cache(models):
+    """transformers (5.23, 5.24) cannot run a Qwen3.5 text model whose every layer is linear attention with a cache
+    (`get_seq_length` raises); a trace with ``use_cache=False`` is what works, and serves the states."""
+    model = models("deltanet")
+    sample = next(toy_task("deltanet").samples(1, seed=FRESH))
+    plain = AutoModelForCausalLM.from_pretrained(toy_checkpoint("deltanet")).eval()
+    ids = model.tokenizer(sample.prompt, return_tensors="pt").input_ids
+    try:
+        with torch.no_grad():
+            plain(input_ids=ids, use_cache=True)
+    except ValueError as error:
+        assert "can only be called on Attention layers" in str(error)
+    states = []
+    with per_token_states(model), torch.no_grad(), model.trace(sample.prompt, use_cache=False):
+        states.append(model.layers[0].linear_attn.states.save())
+        top = model.logits[0, -1].argmax().save()
+    assert model.tokenizer.decode(int(top)) == sample.answer
+    assert states[0].shape[1] == len(sample.words)
