@@ -1,8 +1,12 @@
 """The command line: ``nnterp demo`` and ``nnterp support`` (also ``python -m nnterp``).
 
-``nnterp demo [--model ID_OR_PATH] [--out DIR]`` walks the DeltaNet recipe on a
-model (by default the embedded tiny hybrid, built locally from
-`nnterp.testing.tiny_checkpoint`, no download): the support table, the state
+``nnterp demo [--out DIR]`` runs on the trained toys shipped in the package
+(`nnterp.testing.toy_checkpoint`, `nnterp.testing.toy_demo`): associative recall on a
+recurrent-only toy and on a hybrid, the state after every token, effective
+attention, and a swap of the context's memory for a donor context's that
+changes the recalled value, with plots in ``--out``.
+``nnterp demo --model ID_OR_PATH`` (or a tiny checkpoint's name, ``--family``)
+walks the DeltaNet recipe on that model instead: the support table, the state
 leaving a prompt, the state after every token, a patch of another prompt's
 state into the middle of the prompt and its effect on the next token, then
 writes PNG plots into ``--out``.
@@ -21,7 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-DEFAULT_MODEL = "qwen3_5_text"  # the embedded tiny hybrid, by nnterp.testing's name
+DEFAULT_MODEL = "toys"  # the trained toys of nnterp.testing (nnterp.testing.toy_demo)
+TINY_HYBRID = "qwen3_5_text"  # the embedded tiny random-weight hybrid, by nnterp.testing's name
 PROMPT = "The Eiffel Tower is in the city of"
 DONOR = "My favourite food is pizza with"
 
@@ -181,7 +186,13 @@ def demo_command(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"nnterp demo: {problem}", file=sys.stderr)
         return 2
-    tiny = args.model == DEFAULT_MODEL
+    if args.model == DEFAULT_MODEL and not os.path.exists(args.model):
+        from nnterp.testing import toy_demo
+
+        print("nnterp demo: the trained toys (nnterp.testing.toy_checkpoint), associative recall")
+        toy_demo.run(args.out, samples=args.samples, device=args.device)
+        return 0
+    tiny = args.model == TINY_HYBRID
     path = _resolve(args.model)
     model = _load(path, weights=True, device=args.device)
     recurrent = [i for i, layer in enumerate(model.layers) if getattr(layer, "linear_attn", None) is not None]
@@ -319,13 +330,16 @@ def parser() -> argparse.ArgumentParser:
     commands.required = True
     demo = commands.add_parser(
         "demo",
-        help="walk the DeltaNet recipe on a model and write plots",
-        description="Walk the DeltaNet recipe: the support table, the state leaving a prompt, the state after every "
-        "token, a patch and its effect on the next token; then write PNG plots.",
+        help="show states, effective attention and memory patches on the trained toys (or a model) and write plots",
+        description="By default, on the trained associative-recall toys: the state after every token, effective "
+        "attention, and a swap of the context's memory that changes the recalled value. With --model/--family, walk "
+        "the DeltaNet recipe on that model: the support table, the state leaving a prompt, the state after every "
+        "token, a patch and its effect on the next token. Then write PNG plots.",
     )
     which = demo.add_mutually_exclusive_group()
     which.add_argument("--model", default=DEFAULT_MODEL,
-                       help=f"hub id, local folder, or a tiny checkpoint's name (default: {DEFAULT_MODEL}, the embedded tiny hybrid)")
+                       help=f"hub id, local folder, or a tiny checkpoint's name ({TINY_HYBRID}: the embedded tiny random-weight "
+                       f"hybrid; default: {DEFAULT_MODEL}, the trained toys)")
     which.add_argument("--family", metavar="MODEL_TYPE",
                        help="the embedded tiny checkpoint of a registered model_type (as --model MODEL_TYPE)")
     demo.add_argument("--out", default="nnterp-demo", help="folder for the PNG plots (default: ./nnterp-demo)")
@@ -334,6 +348,7 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--device", default="cpu", help="where to load the weights (default: cpu)")
     demo.add_argument("--no-sweep", action="store_true", help="skip the layer × position sweep")
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
+    demo.add_argument("--samples", type=int, default=100, help="fresh samples per rate on the toys (default: 100)")
     demo.set_defaults(run=demo_command)
     support = commands.add_parser(
         "support",

@@ -84,10 +84,27 @@ def test_support_reads_the_config_alone(tmp_path):
     assert any(line.startswith("linear_attn.state_output") for line in done.stdout.splitlines())
 
 
+def test_demo_runs_on_the_trained_toys_by_default(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "plots"
+    done = nnterp_cli("demo", "--out", str(out), "--samples", "40", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = done.stdout
+    assert "the trained toys" in text and "toy 'deltanet'" in text and "toy 'hybrid'" in text
+    assert "the state after every token" in text and "effective attention" in text
+    rates = dict(re.findall(r"(state \+ window|state alone|window alone|clean answer) ([01]\.\d\d)", text))
+    assert float(rates["state + window"]) >= 0.9  # the recurrent-only toy answers the donor's value
+    assert "the model answers 'v" in text and "so on this hybrid the recall runs through" in text
+    for name in ("toy_state_norms.png", "toy_effective_attention.png", "toy_swap.png", "toy_hybrid.png"):
+        png = out / name
+        assert png.stat().st_size > 5_000, name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_demo_walks_the_recipe_and_writes_plots(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "plots"
-    done = nnterp_cli("demo", "--out", str(out), "--quiet", cwd=tmp_path)
+    done = nnterp_cli("demo", "--model", "qwen3_5_text", "--out", str(out), "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     text = done.stdout
     for section in ("what each layer serves", "the state leaving the prompt", "the state after every token", "a patch:", "a sweep:"):
