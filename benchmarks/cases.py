@@ -20,7 +20,7 @@ import torch
 
 import nnterp
 from nnterp import StandardizedTransformer, fast_states
-from nnterp.components import lightning_one_pass, mlstm_one_pass, wkv_one_pass
+from nnterp.components import mlstm_one_pass, wkv_one_pass
 from nnterp.components.lightning_attention import LightningAttention
 from nnterp.components.mlstm import MLSTM
 from nnterp.components.wkv import WKV
@@ -37,7 +37,7 @@ GENERATE = 32
 TWO_PASSES = "fast path with one_pass off: the kernel, then a states pass"
 #: The same, on the own strategies with a one pass (its switch per component).
 OWN_TWO_PASSES = "own strategy with one_pass off: the forward's own recurrence, then a states pass"
-OWN_ONE_PASSES = {LightningAttention: lightning_one_pass, MLSTM: mlstm_one_pass, WKV: wkv_one_pass}
+OWN_ONE_PASSES = {LightningAttention: from_arguments, MLSTM: mlstm_one_pass, WKV: wkv_one_pass}
 
 
 def build(name: str, config: Any, cache_dir: Path) -> Path:

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import nnterp
-from nnterp.components import lightning_one_pass, mlstm_one_pass
+from nnterp.components import mlstm_one_pass
 from nnterp.families import REGISTRY, families
 from nnterp.recurrent.gradients import VIEW_MARK
+from nnterp.recurrent.per_token import from_arguments
 
 #: The first family of each distinct recurrent mixer.
 KINDS = tuple(sorted({family.MIXER: family.NAME for family in reversed(families()) if family.MIXER is not None}.values()))
@@ -71,7 +72,7 @@ def test_states_grad_matches_finite_differences(model, monkeypatch):
     # Without autograd the mLSTM's and lightning attention's states reads skip their backend or block loop by a one
     # pass, equal to rounding, not bit for bit: the bits compared here are the model's own both times.
     monkeypatch.setattr(mlstm_one_pass, "ONE_PASS", False)
-    monkeypatch.setattr(lightning_one_pass, "ONE_PASS", False)
+    monkeypatch.setattr(from_arguments, "ONE_PASS", False)  # lightning's one pass
     ids = ids_of(model)
     layer = recurrent(model)[0]
     mix = model.layers[layer].linear_attn
