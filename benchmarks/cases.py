@@ -20,6 +20,7 @@ import torch
 
 import nnterp
 from nnterp import StandardizedTransformer, fast_states
+from nnterp.components.lightning_attention import LightningAttention
 from nnterp.core.errors import NnterpError
 from nnterp.families import families
 from nnterp.fast import empty_cache
@@ -41,7 +42,8 @@ OWN_TWO_PASSES = "own strategy with one_pass off: the forward's own recurrence, 
 OWN_ONE_PASSES = {
     kind: from_arguments
     for kind in dict.fromkeys(family.MIXER for family in families() if family.MIXER is not None)
-    if getattr(kind, "OWN_ONE_PASS", None) is not None
+    # Lightning attention's one pass is its own strategy's (`per_token.forward.FromForward.one_pass`).
+    if getattr(kind, "OWN_ONE_PASS", None) is not None or issubclass(kind, LightningAttention)
 }
 
 

@@ -13,15 +13,16 @@ token's ``kᵀv``; the output reads it with the query:
 transformers computes it in the mixer's own forward, with no kernel function:
 a prompt runs a loop over blocks of ``config.block_size`` tokens (the state
 exists only at block ends), a call that continues a cache (a decode step)
-loops over its tokens. So this component does not subclass `RecurrentMixer`
-(whose values are a kernel call's arguments): it reads the forward's own
-operations (found in the installed release's source by name, as
-`nnterp.recurrent.labels` does), and serves the state after every token the
-``FromArguments`` way, computed from the call's own ``q``, ``k``, ``v`` and
-decay by `nnterp.fast.lightning_attention` with the same operations as the decode
-branch. Where a prompt's states are read before its block loop, without
-autograd, in float32 and on one invoke, the loop's products are skipped and
-the outputs computed with the states (`lightning_one_pass`).
+loops over its tokens. So this `RecurrentMixer` has no kernel call: its
+record (`nnterp.recurrent.forward_call.ForwardCall`) is built from the
+forward's own operations (found in the installed release's source by name:
+`find_labels`), and the state after every token is served the
+``FromArguments`` way by `nnterp.recurrent.per_token.forward.FromForward`,
+computed from the call's own ``q``, ``k``, ``v`` and decay by
+`nnterp.fast.lightning_attention` with the same operations as the decode branch. Where
+a prompt's states are read before its block loop, without autograd, in
+float32 and on one invoke, the loop's products are skipped and the outputs
+computed with the states (its one pass).
 
 Values, in the order the forward makes them (``seq`` is this call's tokens):
 
@@ -76,26 +77,23 @@ which read came first.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+import re
 from typing import Any
 
 import torch
-from nnsight.intervention.interleaver import Mediator
+from nnsight.intervention.source import compiled, decorator_chain
 
 from ..core import indices
-from ..core.calls import mediator, pinned
+from ..core.calls import mediator, per_call, pinned
 from ..core.dims import ConvState, Gates, Hidden, Queries, State, States, Values
-from ..core.errors import OrderError, SignatureError, Unavailable
-from ..core.standard import Standard
-from ..core.values import DerivedEProperty, check_expected, module_output
-from ..fast.lightning_attention import lightning_attention, lightning_tap_readout
-from ..recurrent.call import Call, order_hint
-from ..recurrent.gradient_support import gradient_reasons
-from ..recurrent.gradients import fill, recording, tap
-from . import lightning_one_pass
-from . import lightning_run as calls
-from .lightning_run import Run
-from .recurrent import EffectiveAttention
+from ..core.errors import NnterpError, SignatureError, UnsupportedRelease
+from ..core.values import DerivedEProperty, module_output
+from ..fast.lightning_attention import lightning_attention
+from ..recurrent.forward_call import ForwardCall
+from ..recurrent.kernels import signature
+from ..recurrent.labels import Label, bindings, call_label, missing
+from ..recurrent.per_token.forward import FROM_FORWARD, PRODUCTS
+from .recurrent import EffectiveAttention, RecurrentMixer
 
 NO_ITERATION = (
     "lightning attention's prompt computes its state once per block of config.block_size tokens (no location "
@@ -104,21 +102,40 @@ NO_ITERATION = (
 )
 NO_BETA = "lightning attention has no write strength β: each token adds k_tᵀ v_t to the state unscaled"
 NO_CONV = "lightning attention has no short convolution, so no convolution window"
-_NO_CACHE = "this call runs without a cache, so the forward reads no entering state: run it with use_cache=True"
 
 
-class LightningAttention(Standard):
+def cache_parameter(forward: Any) -> str:
+    """The forward's parameter whose ``get_linear_cache`` it calls (``cache`` from 5.24, ``past_key_values`` before)."""
+    names = compiled(forward).names
+    for name in signature(forward).parameters:
+        pattern = re.compile(rf"^{re.escape(name)}_get_linear_cache_\d+$")
+        if any(pattern.match(label) for label in names):
+            return name
+    raise UnsupportedRelease(missing("a call of `get_linear_cache` on one of its parameters (the cache)", forward))
+
+
+def find_products(forward: Any) -> dict | None:
+    """``{variable: label}`` of the ``torch.matmul`` call each of the block loop's `PRODUCTS` binds, or ``None``."""
+    info = compiled(forward)
+    found = {}
+    for variable in PRODUCTS:
+        try:
+            line = info.lines[bindings(forward, variable, in_loop=True)[0]]
+        except NnterpError:
+            return None
+        products = [name for name in info.names if name.startswith("torch_matmul_") and info.lines[name] == line]
+        if len(products) != 1:
+            return None
+        found[variable] = products[0]
+    return found
+
+
+class LightningAttention(RecurrentMixer):
     """A lightning attention block (``layer.linear_attn``): see the module docstring for its values."""
 
-    KIND = "linear_attn"
-    #: What `RecurrentMixer` declares, for code that asks any mixer: no kernel function to route, no fast
-    #: path setting (the states are computed from the call's arguments already), no chunked scan.
-    CHUNK_FUNCTION = ""
-    RECURRENT_FUNCTION = ""
+    REFERENCE = "transformers.models.minimax.modeling_minimax.MiniMaxLightningAttention"
+    #: No kernel function to route (`RecurrentMixer`'s ``CHUNK_FUNCTION`` stays empty), no convolution.
     CONV_FUNCTIONS: tuple = ()
-    FAST = None
-    CHUNKED_SCAN = False
-    ONE_STEP_DECODE = False
     #: The forward returns its final state with or without a cache, so `state_output` is served without one.
     FINAL_STATE_WITHOUT_CACHE = True
     #: Its states are always computed from the call's own q, k, v and decays (as the fast path's are), so a read
@@ -131,164 +148,79 @@ class LightningAttention(Standard):
             "gradient of this call's outputs reaches it: states.grad[:, t] is the derivative by the state after t"
         ),
     }
+    #: The forward's operations the record reads (`ForwardCall`), found by `find_labels`.
+    FORWARD_OPS = Label()
 
-    def labels(self) -> dict:
-        """This release's labels in the wrapped HF mixer's forward (found once per class)."""
-        return calls.labels_of(type(self._module))
+    @classmethod
+    def find_labels(cls, hf_mixer: type) -> dict:
+        """The forward's operations this component reads, found in the installed release's source.
 
-    def _op(self, name: str) -> Any:
-        return getattr(self.source, self.labels()[name])
-
-    def _at(self, name: str) -> str:
-        return f"{self._op(name).path}.output"
+        ``FORWARD_OPS``: the split into q, k, v, the cache read, the outputs'
+        concatenation, the state's bindings in the block loop and in the token
+        loop, and the block loop's products (``None`` when not found: the one
+        pass then does not apply). No kernel call, so the kernel labels are ``None``.
+        """
+        forward = decorator_chain(hf_mixer.forward)[0]
+        loops = bindings(forward, "attn_weights_inter", in_loop=True)
+        if len(loops) < 2:
+            raise UnsupportedRelease(missing("the state's bindings in the block loop and in the token loop", forward))
+        ops = {
+            "split": call_label(forward, "torch_split"),
+            "get": call_label(forward, f"{cache_parameter(forward)}_get_linear_cache"),
+            "cat": call_label(forward, "torch_cat"),
+            "block_state": loops[0],
+            "token_state": loops[-1],
+            "products": find_products(forward),
+        }
+        kernels = dict.fromkeys(("CHUNK_KERNEL", "RECURRENT_KERNEL", "CACHE_TEST", "STATE_OP", "STEP_STATE_OP"))
+        return {**kernels, "FORWARD_OPS": ops}
 
     def dims(self) -> dict[str, int]:
         module = self._module
         heads, dim = module.num_attention_heads, module.head_dim
         return {"key_heads": heads, "mixer_heads": heads, "key_dim": dim, "value_dim": dim}
 
-    # -- the call's record and the writes that recompute it (lightning_run.py) ----------
+    # -- the call's record: the forward's own operations ---------------------------------------
 
-    _run = calls.record
-    _passed = calls.passed
-    _before = calls.before
-    _position = calls.position
-    _segments = calls.segments
-    _scan = calls.scan
-    _scan_with = calls.scan_with
-    _forward_final = calls.forward_final
-    _graft = calls.graft
-    _rewrite = calls.rewrite
+    def record(self) -> ForwardCall:
+        """This call's `ForwardCall`: read once per call, at the mixer's input and where the forward splits q, k, v."""
+        return per_call(self, "call", lambda: ForwardCall.at_entry(self, self.FORWARD_OPS))
 
-    # -- q, k, v and the decays ------------------------------------------------------
+    def continues_cache(self, cache: Any) -> bool:
+        """Whether the cache holds a state for this layer (the forward then takes its token loop)."""
+        return cache is not None and cache.get_linear_cache(self._module.layer_idx) is not None
 
-    def _qkv(self, index: int) -> torch.Tensor:
-        return (self._run().q, self._run().k, self._run().v)[index]
+    def decays_of(self, call: ForwardCall) -> torch.Tensor:
+        """The call's log decays ``g = -λ_h``, ``[batch, seq, mixer_heads]``, in the dtype of its q."""
+        slope = self._module.slope_rate.reshape(1, 1, -1).to(call.q.dtype)
+        return (-slope).expand(call.q.shape[0], call.seq, -1)
 
-    def _write_qkv(self, index: int, value: Any) -> None:
-        run = self._run()
-        name = ("attention_queries", "attention_keys", "attention_values")[index]
-        what = f"`linear_attn.{name}`"
-        current = (run.q, run.k, run.v)
-        check_expected(what, value, tuple(current[index].shape), current[index].dtype, current[index].device)
-        self._before(run, "split", f"a write to {what}", "the forward had used q, k and v")
-        written = tuple(value if i == index else x for i, x in enumerate(current))
-        run.q, run.k, run.v = written
-        with pinned(run.first["split"]):
-            Mediator.swap(self._at("split"), written)
-
-    def _read_decays(self) -> torch.Tensor:
-        run = self._run()
-        if run.g_leaf is not None:
-            return run.g_leaf
-        if not recording(run.q) or run.writes or run.decays_written or self._passed(run, "cat", run.first["cat"]):
-            return run.g
-        # Under autograd the forward never reads the decays (it reads its buffers): the call's output before the
-        # norm gets an exact zero that depends on them (the recurrence with them, minus itself detached).
-        leaf = run.g.detach().clone().requires_grad_(True)
-        rebuilt = self._scan_with(run, leaf)
-        self._graft(run, rebuilt - rebuilt.detach())
-        run.g_leaf = leaf
-        return leaf
-
-    def _write_decays(self, value: Any) -> None:
-        run = self._run()
-        check_expected("`linear_attn.decays`", value, tuple(run.g.shape), run.g.dtype, run.g.device)
-        if torch.equal(value, run.g):
-            return  # the forward's own decays: its own loop already computes the call with them
-        run.g = value
-        run.decays_written = True
-        self._rewrite(run, "a write to `linear_attn.decays`")
-
-    # -- the state entering and leaving the call ------------------------------------
-
-    def _state_shape(self, run: Run) -> tuple:
+    def _prompt_state_shape(self, call: ForwardCall) -> tuple:
         dims = self.dims()
-        return (run.q.shape[0], dims["mixer_heads"], dims["key_dim"], dims["value_dim"])
+        return (call.q.shape[0], dims["mixer_heads"], dims["key_dim"], dims["value_dim"])
+
+    # -- the state entering and leaving the call (the record's) -----------------------------
 
     def _state_input(self) -> torch.Tensor | None:
-        run = self._run()
-        return run.initial.clone() if run.initial is not None else None
+        return self.record().state_input()
 
-    def _write_state_input(self, value: Any) -> None:
-        run = self._run()
-        what = "`linear_attn.state_input`"
-        check_expected(what, value, self._state_shape(run), run.q.dtype, run.q.device)
-        if run.cache is None:
-            raise Unavailable("linear_attn.state_input", _NO_CACHE)
-        self._before(run, "get", f"a write to {what}", "the forward had read the cache")
-        if run.writes or run.decays_written:
-            raise OrderError(order_hint(f"a write to {what}", "a write inside the call"))
-        with pinned(run.first["get"]):
-            self._op("get").output
-        with pinned(run.first["get"]):
-            Mediator.swap(self._at("get"), value)
-        run.initial, run.continues = value, True
+    def _assign_state_input(self, value: Any) -> None:
+        self.record().assign_state_input(value)
 
-    def _state_output(self) -> torch.Tensor:
-        return self._output()[1]
-
-    def _output(self) -> tuple:
-        with pinned(self._run().first["output"]):
-            return Mediator.value(f"{self.path}.output")
-
-    def _write_state_output(self, value: Any) -> None:
-        run = self._run()
-        what = "`linear_attn.state_output`"
-        output = self._output()
-        check_expected(what, value, tuple(output[1].shape), output[1].dtype, output[1].device)
-        if run.cache is not None:
-            # The forward has stored its final state in the cache: the next call reads this one.
-            run.cache.set_linear_cache(self._module.layer_idx, value)
-        with pinned(run.first["output"]):
-            Mediator.swap(f"{self.path}.output", (output[0], value, *output[2:]))
-
-    # -- the state after every token, from the call's q, k, v and decays -----------------
-
-    def _states(self) -> torch.Tensor:
-        run = self._run()
-        tapped = recording(run.q) and not run.writes and not run.decays_written and not self._passed(run, "cat", run.first["cat"])
-        out = None if tapped else lightning_one_pass.states(self, run)  # the block loop skipped, where it applies
-        if out is None:
-            with torch.no_grad() if tapped else nullcontext():  # a tap's values are detached: as without autograd
-                out = calls.computed_states(self, run)
-        for t, value in run.writes.items():
-            out[:, t] = value
-        if not run.writes and not run.decays_written:
-            # The last one is the forward's own (blockwise, so equal to float rounding): state_output bit for bit.
-            final = self._forward_final(run)
-            if final is not None:
-                out[:, -1] = final
-        run.states_read = True
-        run.furthest = run.seq - 1
-        if tapped:
-            # A tap: a leaf holding the states, read by the later tokens' outputs through an exact zero, so its
-            # gradient at t is the loss's derivative by the state after t as the tokens after t read it.
-            leaf = fill(tap(tuple(out.shape), out), out.detach())
-            g = run.g_leaf.detach() if run.g_leaf is not None else run.g.detach()
-            read = lightning_tap_readout(run.q.detach(), g, leaf)
-            self._graft(run, (read - lightning_tap_readout(run.q.detach(), g, leaf.detach())).transpose(1, 2))
-            return leaf
-        return out
+    # -- the state after every token (`FromForward`, from the call's q, k, v and decays) ------------------
 
     def state_after(self, t: int) -> torch.Tensor:
         """The state after token ``t`` of this call (negative ``t`` counts from the end), from its q, k, v and decays."""
-        mediator("`linear_attn.state_after`")
-        run = self._run()
-        position = self._position(run, t, f"state_after({t})")
-        if position in run.writes:
-            return run.writes[position]
-        lo, hi, initial = self._segments(run, position + 1)[-1]
-        run.furthest = max(run.furthest, position)
-        state = calls.state_at(self, run, lo, hi, initial)
-        run.read[position] = state
-        return state
+        return FROM_FORWARD.state_after(self, t)
 
-    states_of = calls.states_of
+    def states_of(self, positions: Any) -> torch.Tensor:
+        """The states after tokens ``positions`` of this call only, ``[batch, len(positions), ...state]``, in the order given.
 
-    def gradients(self) -> dict[str, str | None]:
-        """Per value, ``None`` where its ``.grad`` is served now, else why not (``support()``'s ``.grad`` rows)."""
-        return gradient_reasons(self)
+        Equal to ``states[:, positions]``; only the tokens up to the last selected
+        one are computed. As `state_after` at each of them for the order rules. A
+        new tensor: its ``.grad`` never comes (read ``states.grad``).
+        """
+        return FROM_FORWARD.states_of(self, positions)
 
     def set_state_after(self, t: int, value: torch.Tensor) -> None:
         """Assign the state after token ``t``: the tokens after it continue from ``value``.
@@ -300,34 +232,23 @@ class LightningAttention(Standard):
         Writes in increasing positions, before ``state_output`` and
         ``attention_output`` of the call; ``states`` only before them.
         """
-        what = f"set_state_after({t}, value)"
-        mediator(f"`linear_attn.{what}`")
-        run = self._run()
-        position = self._position(run, t, what)
-        check_expected(what, value, self._state_shape(run), run.q.dtype, run.q.device)
-        Call.check_write_order(what, position, run.states_read, (run.furthest, f"a read of token {run.furthest}"), run.writes)
-        read = run.read.get(position)
-        if read is not None and not run.writes and not run.decays_written and not value.requires_grad and torch.equal(value, read):
-            return  # writing back the state this call computes: the call already continues from it, bit for bit
-            # (a target that requires grad is written all the same, so the later tokens read it and it gets one)
-        run.writes[position] = value
-        self._rewrite(run, what)
+        FROM_FORWARD.set_state_after(self, t, value)
 
     # -- effective attention -------------------------------------------------------
 
-    def _effective(self) -> tuple:
-        run = self._run()
-        if run.writes:
-            raise OrderError("`linear_attn.effective_attention` is the call's own: read it before set_state_after")
-        return lightning_attention(run.q, run.k, run.g, run.initial)
+    def _effective(self, positions: Any = None, selection: Any = None, coefficients: bool = True) -> tuple:
+        """``(A, readout)`` of the whole call, from its q, k, decays and entering state (`lightning_attention`)."""
+        call = self.record()
+        call.check_own("`linear_attn.effective_attention`")
+        return lightning_attention(call.q, call.k, call.g, call.initial)
 
     def kernel_output(self) -> torch.Tensor:
         """The call's output before the norm and the gate, ``[batch, seq, mixer_heads, value_dim]``, read where the
         forward concatenates it: what ``Σ_s effective_attention[t, s] attention_values[s]`` (+ the readout) reproduces."""
         mediator("`linear_attn.kernel_output`")
-        run = self._run()
-        with pinned(run.first["cat"]):
-            return self._op("cat").output.transpose(1, 2)
+        call = self.record()
+        with pinned(call.first["cat"]):
+            return call.operation("cat").output.transpose(1, 2)
 
     def effective_attention_of(self, positions: Any = None, heads: Any = None, channels: Any = None) -> torch.Tensor:
         """Rows ``positions`` of `effective_attention`, for some ``heads`` only: ``[batch, len(heads), len(positions), seq]``.
@@ -349,27 +270,27 @@ class LightningAttention(Standard):
     # -- values ----------------------------------------------------------------------
 
     attention_queries = DerivedEProperty(
-        lambda envoy: envoy._qkv(0), assign=lambda envoy, value: envoy._write_qkv(0, value),
+        lambda envoy: envoy.record().q, assign=lambda envoy, value: envoy.record().write_qkv(0, value),
         description="the queries q after the silu, [batch, seq, key_heads, key_dim]", annotation=Queries,
     )
     attention_keys = DerivedEProperty(
-        lambda envoy: envoy._qkv(1), assign=lambda envoy, value: envoy._write_qkv(1, value),
+        lambda envoy: envoy.record().k, assign=lambda envoy, value: envoy.record().write_qkv(1, value),
         description="the keys k after the silu, [batch, seq, key_heads, key_dim]", annotation=Queries,
     )
     attention_values = DerivedEProperty(
-        lambda envoy: envoy._qkv(2), assign=lambda envoy, value: envoy._write_qkv(2, value),
+        lambda envoy: envoy.record().v, assign=lambda envoy, value: envoy.record().write_qkv(2, value),
         description="the values v after the silu, [batch, seq, mixer_heads, value_dim]", annotation=Values,
     )
     betas = DerivedEProperty(
         lambda envoy: None, description="a write strength β (none here)", unavailable=lambda envoy: NO_BETA, annotation=Gates,
     )
     decays = DerivedEProperty(
-        _read_decays, assign=_write_decays,
+        FROM_FORWARD.decays, assign=FROM_FORWARD.assign_decays,
         description="the log decay g = -λ_h of every token (the state is multiplied by exp(g)), [batch, seq, mixer_heads]",
         annotation=Gates,
     )
     state_input = DerivedEProperty(
-        _state_input, assign=_write_state_input,
+        _state_input, assign=_assign_state_input,
         description="the state entering this call (None on a fresh prompt), a copy; assign to continue from another",
         annotation=State, none_on_fresh_prompt=True,
     )
@@ -378,7 +299,7 @@ class LightningAttention(Standard):
         unavailable=lambda envoy: NO_ITERATION, annotation=State,
     )
     states = DerivedEProperty(
-        _states, description="the state after every token of this call, from its q, k, v and decays", annotation=States,
+        FROM_FORWARD.states, description="the state after every token of this call, from its q, k, v and decays", annotation=States,
     )
     effective_attention = DerivedEProperty(
         lambda envoy: envoy._effective()[0],
@@ -394,7 +315,7 @@ class LightningAttention(Standard):
         annotation=Values, none_on_fresh_prompt=True,
     )
     state_output = DerivedEProperty(
-        _state_output, assign=_write_state_output,
+        lambda envoy: envoy.record().state_output(), assign=lambda envoy, value: envoy.record().write_state_output(value),
         description="the state after this call's last token, [batch, mixer_heads, key_dim, value_dim]", annotation=State,
     )
     conv_state_input = DerivedEProperty(

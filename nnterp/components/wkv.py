@@ -87,7 +87,7 @@ _NO_BACKWARD_STATE = (
 
 
 def _one_pass(a: dict, out: torch.Tensor) -> tuple | None:
-    """The kernel's return and every state (`nnterp.fast.wkv_states.wkv_one_pass`), on a float32 prompt."""
+    """The kernel's return and every state (`nnterp.fast.wkv.wkv_one_pass`), on a float32 prompt."""
     inputs = (a["time_decay"], a["time_first"], a["k"], a["v"], *(a["state"] or ()))
     if a["k"].shape[1] < 2 or any(x.dtype != torch.float32 for x in inputs):
         return None  # a decode step (one kernel serves it: the loop serves it), or a model in another dtype

@@ -15,11 +15,12 @@ table is resolved once (`table`), and `serve` / `assign` read and write an
 argument by its table name, tokens first (the layouts of
 `nnterp.recurrent.arguments`). It also owns the state entering and leaving
 the call (`state_input`, `state_output` and their writes), the runs between
-writes (`segments`, over `runs_between_writes`, which lightning's own record
-uses too) and token positions (`position`), for every strategy.
+writes (`segments`, over `runs_between_writes`) and token positions
+(`position`), for every strategy. Lightning attention, whose recurrence is its
+forward's own operations, builds its record from them (`forward_call.ForwardCall`).
 
 Every kind's order checks are the methods below (`Call.check_reachable` the
-one test they share), the MiniMax record and the checks of a call's entry
+one test they share), the MiniMax record's and the checks of a call's entry
 included: a kind raises `OrderError`, never nnsight's raw ``OutOfOrderError``
 naming an internal location; no other module raises it for a write's order.
 
@@ -348,6 +349,23 @@ class Call:
     def check_before(self, op: Any, first: int, what: str, passed: str) -> None:
         """Raise unless the run has not passed occurrence ``first`` of ``op``'s output (``passed``: what had)."""
         self.check_reachable(f"{op.path}.output", first, what, passed)
+
+    def check_unwritten(self, what: str, passed: str, also: bool = False) -> None:
+        """Raise if a write inside the call came first (``also``: a kind's own write, lightning's ``decays``):
+        ``what`` replaces what the whole call starts from, so it comes before any write that changes the call."""
+        if self.writes or also:
+            raise OrderError(order_hint(what, passed))
+
+    def check_own(self, what: str) -> None:
+        """Raise if ``set_state_after`` changed the call: ``what`` is computed from the call as the forward ran it."""
+        if self.writes:
+            raise OrderError(f"{what} is the call's own: read it before set_state_after")
+
+    @staticmethod
+    def check_still_ahead(ahead: bool, what: str, passed: str) -> None:
+        """Raise unless ``ahead``: the location a write lands at (found by the caller) is still to come."""
+        if not ahead:
+            raise OrderError(order_hint(what, passed))
 
     @staticmethod
     def check_write_order(what: str, position: int, states_read: bool, furthest: tuple | None, writes: dict) -> None:

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import nnterp
-from nnterp.components import lightning_one_pass
 from nnterp.families import REGISTRY, families
 from nnterp.recurrent.gradients import VIEW_MARK
 from nnterp.recurrent.per_token import from_arguments
@@ -71,8 +70,7 @@ def agrees(analytic: float, numeric: list, scale: float) -> bool:
 def test_states_grad_matches_finite_differences(model, monkeypatch):
     # Without autograd the mLSTM's and lightning attention's states reads skip their backend or block loop by a one
     # pass, equal to rounding, not bit for bit: the bits compared here are the model's own both times.
-    monkeypatch.setattr(from_arguments, "ONE_PASS", False)
-    monkeypatch.setattr(lightning_one_pass, "ONE_PASS", False)
+    monkeypatch.setattr(from_arguments, "ONE_PASS", False)  # every one pass: the fast path's, the mLSTM's, WKV's, lightning's
     ids = ids_of(model)
     layer = recurrent(model)[0]
     mix = model.layers[layer].linear_attn

@@ -16,8 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from nnterp import StandardizedTransformer
-from nnterp.components import lightning_one_pass
 from nnterp.core.errors import OrderError
+from nnterp.recurrent.per_token import from_arguments
 from tests.components.test_lightning_attention import ATOL, CACHE, KW, lightning_layers
 from tests.reference import hf_oracles as hf
 from tests.reference.calls import counting_builtin
@@ -81,7 +81,7 @@ class TestLightningOnePass(CheckpointFixtures):
 
     def test_with_one_pass_off_the_loop_runs_and_the_answers_are_the_same(self, model, plain, ids, monkeypatch):
         layer = lightning_layers(model)[0]
-        monkeypatch.setattr(lightning_one_pass, "ONE_PASS", False)
+        monkeypatch.setattr(from_arguments, "ONE_PASS", False)
         with products(plain) as calls, torch.no_grad(), model.trace(ids):
             states = model.layers[layer].linear_attn.states.save()
             logits = model.logits.save()

@@ -13,6 +13,11 @@ worker can reach depends on the kernel that runs:
   (``fast_states(model)``): the states are computed from the kernel call's own
   arguments by `nnterp.fast`, and writes split the kernel call.
 
+Lightning attention, whose recurrence is its forward's own operations (no
+kernel call), serves its states the `FromArguments` way from the forward's
+q, k, v and decays (`FromForward`, ``forward.py``), which its component
+calls directly: `strategy_for` does not choose it.
+
 Each serves ``states``, ``state_after(t)``, ``set_state_after(t, value)`` and
 ``state`` (`PerToken`, ``protocol.py``) on one call of one mixer, keeping what
 it learns in that call's `nnterp.recurrent.call.Call`, and says why it cannot
@@ -35,12 +40,13 @@ import torch
 from ..kernels import needs_torch_kernels
 from ..settings import generating, per_token_setting
 from .boundaries import CHUNK_BOUNDARIES, ChunkBoundaries
+from .forward import FROM_FORWARD, FromForward
 from .from_arguments import FROM_ARGUMENTS, FromArguments
 from .loop import TOKEN_LOOP, TokenLoop
 from .protocol import Mixer, PerToken, TokenOp
 
 __all__ = [
-    "Mixer", "PerToken", "TokenLoop", "ChunkBoundaries", "FromArguments", "OwnStateAfter", "TOKEN_LOOP", "OWN_STATE_AFTER",
+    "Mixer", "PerToken", "TokenLoop", "ChunkBoundaries", "FromArguments", "FromForward", "OwnStateAfter", "TOKEN_LOOP", "OWN_STATE_AFTER", "FROM_FORWARD",
     "strategy_for", "iteration_strategy", "per_token_reason", "iteration_reason", "effective_reason", "every_state",
     "iterated_state", "assign_iterated_state", "token_state_op", "token_op",
 ]

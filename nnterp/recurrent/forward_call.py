@@ -1,0 +1,179 @@
+"""`ForwardCall`: the per-call record of a mixer whose recurrence is its forward's own operations.
+
+MiniMax's lightning attention calls no kernel function: its forward splits
+q, k and v, reads the entering state from the cache, runs the recurrence in
+its own loop (over blocks of ``config.block_size`` tokens on a prompt, over
+tokens on a call that continues a cache), concatenates the outputs and
+returns the final state, which the cache holds. This is `Call` built by that
+call source: at the mixer's input (`Call.entry`) and where the forward splits
+q, k, v. It keeps the forward's operations by name, found by the component
+in the installed release's source (``labels``: ``"split"``, ``"get"`` (the
+cache read), ``"cat"`` (the outputs' concatenation), ``"block_state"`` /
+``"token_state"`` (the state's binding in either loop), ``"products"`` (the
+block loop's four products, or ``None``)), how often each had fired before
+this call (``first``), and the call's own q, k, v and log decays ``g``
+(tokens first: ``[batch, seq, heads, dim]``, ``[batch, seq, heads]``).
+
+As on every record, the state entering and leaving the call are its
+`state_input` / `state_output` (and their writes), ``writes`` holds
+``set_state_after``'s states and every order check is `Call`'s. The
+per-token states and the writes that recompute the call are the strategy
+`nnterp.recurrent.per_token.forward.FromForward`'s; what it changes in the
+forward goes through `replace_outputs` (the concatenated outputs before the
+norm) and `forward_final` (the final-state tensor the cache holds).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from nnsight.intervention.interleaver import Mediator
+
+from ..core.calls import mediator, pinned
+from ..core.errors import Unavailable
+from ..core.values import check_expected
+from .call import Call
+
+#: The forward's operations a record reads, by name (``"products"`` are the one pass's, read only there).
+OPERATIONS = ("split", "get", "cat", "block_state", "token_state")
+NO_CACHE = "this call runs without a cache, so the forward reads no entering state: run it with use_cache=True"
+
+
+class ForwardCall(Call):
+    """What a worker knows of one call of a mixer that runs its recurrence in its own forward (see the module)."""
+
+    __slots__ = (
+        "labels", "first", "cache", "continues", "initial", "q", "k", "v", "g", "decays_written", "original",
+        "final", "read", "g_leaf",
+    )
+
+    @classmethod
+    def at_entry(cls, mixer: Any, labels: dict) -> ForwardCall:
+        """The record of this call, made at the mixer's input: waits where the forward splits q, k, v."""
+        entry = Call.entry(mixer, ())
+        med = mediator()
+        split = getattr(mixer.source, labels["split"])
+        call = cls(mixer, "", split, False, med.occurrence(f"{split.path}.input"))
+        call.labels = labels
+        call.first = {name: med.occurrence(call.at(name)) for name in OPERATIONS}
+        call.first["output"] = med.occurrence(f"{mixer.path}.output")
+        call.cache, call.seq = entry["cache"], entry["seq"]
+        entering = call.cache.get_linear_cache(mixer.hf_module().layer_idx) if call.cache is not None else None
+        call.continues = entering is not None
+        call.initial = entering.clone() if entering is not None else None
+        call.decays_written, call.original, call.final, call.read, call.g_leaf = False, None, None, {}, None
+        with pinned(call.first["split"]):
+            call.q, call.k, call.v = split.output
+        call.g = mixer.decays_of(call)
+        call.expected = (mixer.state_shape(call), call.q.dtype, call.q.device)
+        return call
+
+    # -- the forward's operations ------------------------------------------------------
+
+    def operation(self, name: str) -> Any:
+        """The envoy of operation ``name`` (``mixer.source.<label>``)."""
+        return getattr(self.mixer.source, self.labels[name])
+
+    def at(self, name: str) -> str:
+        """The location of operation ``name``'s output."""
+        return f"{self.operation(name).path}.output"
+
+    def passed(self, name: str, occurrence: int) -> bool:
+        """Whether the run has passed occurrence ``occurrence`` of operation ``name``."""
+        return self.occurrences(self.at(name)) > occurrence
+
+    def check_ahead(self, name: str, what: str, moment: str) -> None:
+        """Raise `OrderError` unless the forward has not passed operation ``name`` of this call yet."""
+        Call.check_reachable(self.at(name), self.first[name], what, moment)
+
+    @property
+    def changed(self) -> bool:
+        """Whether a write changed the call's recurrence (``set_state_after``, ``decays``)."""
+        return bool(self.writes) or self.decays_written
+
+    def concatenated(self) -> torch.Tensor:
+        """The forward's concatenated outputs before the norm, ``[batch, heads, seq, dim]`` (kept as `original`)."""
+        with pinned(self.first["cat"]):
+            current = self.operation("cat").output
+        if self.original is None:
+            self.original = current
+        return current
+
+    def replace_outputs(self, outputs: torch.Tensor) -> None:
+        """Make ``outputs`` ``[batch, heads, seq, dim]`` the concatenated outputs the forward goes on with."""
+        with pinned(self.first["cat"]):
+            Mediator.swap(self.at("cat"), outputs)
+
+    def graft(self, zero: torch.Tensor) -> None:
+        """Add ``zero`` (exact zeros that carry a gradient) to the concatenated outputs, ``[batch, heads, seq, dim]``."""
+        current = self.concatenated()
+        self.replace_outputs(current + zero.to(current.dtype))
+
+    def forward_final(self) -> torch.Tensor | None:
+        """The forward's own final-state tensor (its loop's last binding of the state), or ``None`` once passed."""
+        if self.final is None:
+            loop = "token_state" if self.continues else "block_state"
+            steps = self.seq if self.continues else -(-self.seq // self.mixer.hf_module().block_size)
+            last = self.first[loop] + steps - 1
+            if self.passed(loop, last):
+                return None
+            with pinned(last):
+                self.final = self.operation(loop).output
+        return self.final
+
+    # -- q, k, v, written before the forward uses them -------------------------------------
+
+    def write_qkv(self, index: int, value: Any) -> None:
+        """Replace q (0), k (1) or v (2) where the forward splits them."""
+        name = ("attention_queries", "attention_keys", "attention_values")[index]
+        what = f"`linear_attn.{name}`"
+        current = (self.q, self.k, self.v)
+        check_expected(what, value, tuple(current[index].shape), current[index].dtype, current[index].device)
+        self.check_ahead("split", f"a write to {what}", "the forward had used q, k and v")
+        written = tuple(value if i == index else x for i, x in enumerate(current))
+        self.q, self.k, self.v = written
+        with pinned(self.first["split"]):
+            Mediator.swap(self.at("split"), written)
+
+    # -- the state entering and leaving the call -----------------------------------------
+
+    def state_input(self) -> torch.Tensor | None:
+        """The state entering the call (the cache's), a copy; ``None`` on a fresh prompt."""
+        return self.initial.clone() if self.initial is not None else None
+
+    def assign_state_input(self, value: Any) -> None:
+        """Make the forward read ``value`` from the cache: on a prompt it then takes its token loop, which continues from it."""
+        what = "`linear_attn.state_input`"
+        check_expected(what, value, *self.expected)
+        if self.cache is None:
+            raise Unavailable("linear_attn.state_input", NO_CACHE)
+        self.check_ahead("get", f"a write to {what}", "the forward had read the cache")
+        self.check_unwritten(f"a write to {what}", "a write inside the call", self.decays_written)
+        with pinned(self.first["get"]):
+            self.operation("get").output
+        with pinned(self.first["get"]):
+            Mediator.swap(self.at("get"), value)
+        self.initial, self.continues = value, True
+
+    def output(self) -> tuple:
+        """The mixer's return: ``(attention output, final state, ...)``."""
+        with pinned(self.first["output"]):
+            return Mediator.value(f"{self.mixer.path}.output")
+
+    def state_output(self) -> torch.Tensor:
+        """The state after the call's last token (the forward's return, which the cache holds)."""
+        return self.output()[1]
+
+    def write_state_output(self, value: Any) -> None:
+        """Make ``value`` the state after the call's last token: in the forward's return and in the cache."""
+        output = self.output()
+        check_expected("`linear_attn.state_output`", value, tuple(output[1].shape), output[1].dtype, output[1].device)
+        if self.cache is not None:
+            # The forward has stored its final state in the cache: the next call reads this one.
+            self.cache.set_linear_cache(self.mixer.hf_module().layer_idx, value)
+        with pinned(self.first["output"]):
+            Mediator.swap(f"{self.mixer.path}.output", (output[0], value, *output[2:]))
+
+
+__all__ = ["ForwardCall", "OPERATIONS", "NO_CACHE"]
