@@ -103,6 +103,11 @@ def select_from(value: Any, select: Select) -> Any:
     return value[select]
 
 
+def select_all(value: Any, selects: list) -> list:
+    """The elements ``selects`` name in a served ``value``, in order (`select_from` for each)."""
+    return [select_from(value, select) for select in selects]
+
+
 def replace_in(value: Any, select: Select, element: Any) -> Any:
     """``value`` with the element ``select`` names replaced by ``element``."""
     if select is None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..core.values import check_tensor, replace_in, select_from
+from ..core.values import check_tensor, replace_in, select_all, select_from
 from ..fast.step import step_size
 from .gradients import graft, on_the_path, recording
 
@@ -70,7 +70,17 @@ def serve(table: Signature, name: str, call: tuple) -> Any:
     if slot is None:
         return None
     where, layout = slot
-    element = select_from(call, where)
+    return tokens_first(select_from(call, where), layout)
+
+
+def serve_all(table: Signature, call: tuple) -> dict:
+    """Every argument of ``table`` by name, tokens first, as `serve` serves each (one pass over the call)."""
+    elements = select_all(call, [where for where, _ in table.values()])
+    return {name: tokens_first(element, layout) for (name, (_, layout)), element in zip(table.items(), elements)}
+
+
+def tokens_first(element: Any, layout: Layout) -> Any:
+    """A kernel argument in the served layout: a tensor seen through ``layout``, anything else as it is."""
     if not isinstance(element, torch.Tensor):
         return element
     # Another layout is a view of what the kernel consumes: its .grad is read off that tensor's.

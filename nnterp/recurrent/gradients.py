@@ -41,6 +41,17 @@ def recording(tensor: Any = None) -> bool:
     return tensor is None or (isinstance(tensor, torch.Tensor) and tensor.requires_grad)
 
 
+def records_any(values: Any) -> bool:
+    """Whether autograd records now and any of ``values`` (tensors, or tuples of them: RWKV-4's state) is part of a graph."""
+    if not torch.is_grad_enabled():
+        return False
+    return any(
+        any(isinstance(y, torch.Tensor) and y.requires_grad for y in x) if isinstance(x, (tuple, list))
+        else isinstance(x, torch.Tensor) and x.requires_grad
+        for x in values
+    )
+
+
 def on_the_path(view: Any) -> Any:
     """``view``, marked so its ``.grad`` is read off the tensor it views (a no-op for a tensor that is no view)."""
     if isinstance(view, torch.Tensor) and view._base is not None and recording(view):

@@ -58,9 +58,9 @@ from ...core.calls import mediator
 from ...core.errors import Unavailable
 from ...core.values import check_expected, replace_in
 from ...fast.buffers import empty_states
-from ..arguments import serve
+from ..arguments import serve_all
 from ..call import Call
-from ..gradients import recording
+from ..gradients import recording, records_any
 from ..kernels import bound, modeling_of, runs_pure_torch
 from .protocol import Mixer, PerToken
 
@@ -92,7 +92,7 @@ class FromArguments(PerToken):
         if not call.decodes and "named" not in call.strategy:
             table = type(mixer).CHUNK_ARGUMENTS
             # Tokens first (the layouts applied), as the spec takes them.
-            arguments = {name: serve(table, name, call.arguments) for name in table}
+            arguments = serve_all(table, call.arguments)
             if isinstance(arguments.get("state"), torch.Tensor):
                 # A continued cache's buffer, which the cache overwrites after the kernel returns.
                 arguments["state"] = arguments["state"].clone()
@@ -137,7 +137,7 @@ class FromArguments(PerToken):
         spec = type(mixer).FAST
         arguments = call.strategy["named"]
         shape = spec.state_shape(arguments)
-        differentiable = recording() and any(recording(x) for x in arguments.values())
+        differentiable = records_any(arguments.values())
         # Without autograd, into the reused buffer with no graph; with it, into a fresh tensor, as a function of the
         # arguments (a loss on the states reaches them). The kernel never reads these states, so no later loss does.
         out = self._buffer((shape[0], call.seq, *shape[1:]), call.expected[2], differentiable)
@@ -176,7 +176,7 @@ class FromArguments(PerToken):
         shape = spec.state_shape(arguments)
         found = {p: call.writes[p] for p in chosen if p in call.writes}
         wanted = sorted(set(chosen) - set(found))
-        differentiable = recording() and any(recording(x) for x in arguments.values())
+        differentiable = records_any(arguments.values())
         span = wanted[-1] + 1 if wanted else 0
         with torch.enable_grad() if differentiable else torch.no_grad():
             # Blocks of tokens up to the last wanted position, each from the state the previous one ended with.
@@ -267,7 +267,7 @@ def one_pass(mixer: Mixer, call: Call, run: Any, arguments: dict, out: Any) -> t
     """
     if not ONE_PASS or run is None or call.writes or call.strategy.get("served") or not covers_the_batch():
         return None
-    if not call.kernel_waiting() or any(recorded(x) for x in arguments.values()) or not mixer.pure_torch_kernel():
+    if not call.kernel_waiting() or records_any(arguments.values()) or not mixer.pure_torch_kernel():
         return None
     if not isinstance(out, torch.Tensor):
         out = empty_states(tuple(out), call.expected[2])
@@ -279,10 +279,6 @@ def one_pass(mixer: Mixer, call: Call, run: Any, arguments: dict, out: Any) -> t
     call.strategy["served"] = True
     return done[1]
 
-
-def recorded(x: Any) -> bool:
-    """Whether autograd records ``x`` (a tensor, or a tuple of them: RWKV-4's state)."""
-    return any(recording(y) for y in x) if isinstance(x, (tuple, list)) else recording(x)
 
 
 def piece(spec: Any, arguments: dict, lo: int, hi: int, initial: Any) -> dict:
