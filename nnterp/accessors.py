@@ -40,14 +40,13 @@ from .core.errors import (
     InvalidArgument,
     ReadOnlyValue,
     ShapeError,
-    SignatureError,
-    UnsupportedModel,
     WrongType,
 )
 from .core.indices import layer_index, layer_indices
 
 
-def _mixer(layer: Any) -> Any:
+def token_mixer(layer: Any) -> Any:
+    """A block's token mixer: its softmax attention, else its recurrent mixer (``None`` on a block with neither)."""
     return layer.self_attn if layer.self_attn is not None else layer.linear_attn
 
 
@@ -79,7 +78,7 @@ class LayerAccessor:
         block = self.model.layers[layer]
         if self.part is None:
             return block
-        envoy = _mixer(block) if self.part == "mixer" else getattr(block, self.part)
+        envoy = token_mixer(block) if self.part == "mixer" else getattr(block, self.part)
         if envoy is None and self.value is not None:
             what = {"mixer": "token mixer (attention or recurrent)", "mlp": "MLP", "self_attn": "softmax attention"}[self.part]
             raise InvalidArgument(f"layer {layer} has no {what} ({self.model.family.NAME}; its parts: {', '.join(block.parts()) or 'none'}), so no `{self.name}[{layer}]`")
@@ -325,101 +324,3 @@ class OneXInterface:
             skip_with = self.layers_input[start_layer]
         for layer in range(start_layer, end_layer + 1):
             self.layers_output[layer] = skip_with
-
-
-#: nnterp 1.x constructor keywords nnterp does not serve -> why, and what to do instead.
-_REFUSED = {
-    "rename_config": "nnterp does not rename by configuration: a new architecture is a family, nnterp/families/<model_type>.py",
-    "allow_multimodal": "nnterp serves the text stack of the composites it has a family for (gemma3, qwen3_5); drop the keyword",
-}
-#: 1.x keywords accepted and ignored: the two tuned 1.x's load-time check; the ``*_rename`` ones are
-#: pre-1.3 spellings of a module's name, which 1.3.0 no longer read (its test passes one and expects a load).
-_IGNORED = (
-    "allow_dispatch", "check_attn_probs_with_trace",
-    "attn_rename", "mlp_rename", "ln_final_rename", "lm_head_rename", "model_rename", "layers_rename",
-)
-
-
-def constructor_keywords(config: Any, kwargs: dict) -> tuple[bool, bool]:
-    """Pop nnterp 1.x's keywords from ``kwargs``: ``(enable_attention_probs, check_renaming)``; refuse an unknown one.
-
-    ``enable_attention_probs=True`` loads eager attention (refused beside
-    another ``attn_implementation``). A keyword that is neither nnterp's,
-    nnsight's, a ``from_pretrained`` argument nor a config field is refused
-    now, rather than failing inside ``from_pretrained`` at the first trace.
-    """
-    import inspect
-    import re
-
-    from nnsight import TransformersModel
-    from transformers import PreTrainedModel
-
-    for name in _IGNORED:
-        kwargs.pop(name, None)
-    for name, why in _REFUSED.items():
-        if name in kwargs:
-            raise SignatureError(f"StandardizedTransformer does not take nnterp 1.x's `{name}=`: {why}")
-    enable = bool(kwargs.pop("enable_attention_probs", False))
-    check = bool(kwargs.pop("check_renaming", False))
-    if enable:
-        implementation = kwargs.get("attn_implementation", "eager")
-        if implementation != "eager":
-            raise InvalidArgument(
-                f"enable_attention_probs=True loads eager attention, and attn_implementation={implementation!r} asks for another: pass one of them"
-            )
-        kwargs["attn_implementation"] = "eager"
-    known = set(inspect.signature(PreTrainedModel.from_pretrained).parameters)
-    known |= set(re.findall(r"^\s+(\w+) \(", PreTrainedModel.from_pretrained.__doc__ or "", re.M))
-    known |= {"trust_remote_code", "torch_dtype", "low_cpu_mem_usage", "output_loading_info", "tp_plan", "tp_size",
-              "gguf_file", "generation_config", "tokenizer_kwargs", "automodel", "rename", "envoys", "dtype", "device_map"}
-    for klass in TransformersModel.__mro__:
-        if "__init__" in vars(klass):
-            known |= set(inspect.signature(klass.__init__).parameters)
-    fields = set(config.to_dict()) if hasattr(config, "to_dict") else set()
-    unknown = sorted(name for name in kwargs if name not in known and name not in fields and not hasattr(config, name))
-    if unknown:
-        raise SignatureError(
-            f"StandardizedTransformer got unknown keyword argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}: "
-            "not an nnterp keyword (dispatch, device, tokenizer, enable_attention_probs, check_renaming), not a "
-            "from_pretrained argument, not a field of the model's config"
-        )
-    return enable, check
-
-
-def check_standard_names(model: Any, prompt: str = "Hello world, this is a check") -> None:
-    """nnterp 1.x's ``check_renaming`` at load: run one forward and check every standard value's shape.
-
-    Every layer's ``layer_input`` / ``layer_output``, its mixer's
-    ``attention_output`` and its MLP's ``mlp_output`` are ``[batch, seq,
-    hidden]``, the logits ``[batch, seq, vocab]``, and under eager attention
-    each ``attention_probabilities`` is ``[batch, heads, seq, seq]`` with rows
-    summing to 1. Raises `UnsupportedModel` naming the first value that is not.
-    """
-    found: list = []
-    with torch.no_grad(), model.trace(prompt):
-        ids = model.inputs[1]["input_ids"]
-        for index, layer in enumerate(model.layers):
-            found.append((f"layers_input[{index}]", "hidden", layer.layer_input.shape))
-            mixer = _mixer(layer)
-            if mixer is not None:
-                if layer.self_attn is not None and model.attn_probs_available:
-                    probs = layer.self_attn.attention_probabilities
-                    found.append((f"attention_probabilities[{index}]", "probs", probs.shape))
-                    found.append((f"attention_probabilities[{index}] row sums", "sums", float((probs.sum(-1) - 1).abs().max())))
-                found.append((f"attentions_output[{index}]", "hidden", mixer.attention_output.shape))
-            if layer.mlp is not None:
-                found.append((f"mlps_output[{index}]", "hidden", layer.mlp.mlp_output.shape))
-            found.append((f"layers_output[{index}]", "hidden", layer.layer_output.shape))
-        found.append(("logits", "logits", model.logits.shape))
-        found.append(("input", "ids", ids.shape))
-    batch, seq = found[-1][2]
-    expected = {
-        "hidden": (batch, seq, model.hidden_size), "logits": (batch, seq, model.vocab_size),
-        "probs": (batch, model.num_heads, seq, seq),
-    }
-    for name, kind, got in found[:-1]:
-        if kind == "sums":
-            if got > 1e-3:
-                raise UnsupportedModel(f"check_renaming: {name} differ from 1 by {got:.2g}")
-        elif tuple(got) != expected[kind]:
-            raise UnsupportedModel(f"check_renaming: {name} has shape {tuple(got)}, expected {expected[kind]} on {model.family.NAME}")

@@ -12,7 +12,8 @@ Same names, signatures and semantics as ``nnterp.interventions`` and
 * `get_token_activations` / `collect_token_activations_batched`: one token's
   activations per prompt and layer; with ``values=`` any standard value
   (``"layer_output"``, ``"self_attn.attention_output"``, ``"mlp.mlp_output"``,
-  ``"linear_attn.state_output"``, ...), returned as ``{value: {layer: tensor}}``.
+  ``"linear_attn.state_output"``, ...), returned as ``{value: {layer: tensor}}``
+  (defined in `nnterp.token_activations`, the lenses' source of hidden states).
 
 The steering and skipping helpers are methods: ``model.steer``,
 ``model.skip_layer`` / ``model.skip_layers``. The helpers run locally:
@@ -21,17 +22,22 @@ The steering and skipping helpers are methods: ``model.steer``,
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .core.errors import InvalidArgument, SignatureError, WrongType
-from .core.indices import layer_indices
 from .logging import logger
 from .nnsight_utils import get_attention, get_layer_output, get_next_token_probs, get_num_layers
 from .nnsight_utils import get_token_activations as layer_activations
+from .token_activations import (
+    chosen_layers,
+    collect_token_activations_batched,
+    get_token_activations,
+    run_locally,
+    the_model,
+)
 
 __all__ = [
     "logit_lens",
@@ -46,28 +52,6 @@ __all__ = [
     "collect_token_activations_batched",
 ]
 
-#: A value's component, in the order a block computes them (a layer's input first, its output last).
-_ORDER = {"layer_input": 0, "self_attn": 1, "linear_attn": 1, "mlp": 2, "layer_output": 3}
-
-
-def _local(remote: bool) -> None:
-    if remote:
-        raise InvalidArgument(
-            "nnterp's helpers run locally: for NDIF, make the same reads inside `with model.trace(..., remote=True)` "
-            "(docs/remote.md), or build the model with remote=True and read there"
-        )
-
-
-def _the_model(function: str, nn_model: Any, model: Any, **required: Any) -> Any:
-    """The model a helper was given: first (1.x's ``nn_model``, by position or keyword) or as ``model=``; refuse neither or both."""
-    if (nn_model is None) == (model is None):
-        given = "both `nn_model` and `model`" if model is not None else "no model"
-        raise WrongType(f"{function}() got {given}: pass the model once, first (or as `nn_model=`, 1.x's keyword, or `model=`)")
-    missing = [name for name, value in required.items() if value is None]
-    if missing:
-        raise WrongType(f"{function}() missing required argument{'s' if len(missing) > 1 else ''}: {', '.join(map(repr, missing))}")
-    return nn_model if nn_model is not None else model
-
 
 def _left_padded(model: Any, prompts: Any, what: str) -> None:
     """Refuse a batch the tokenizer would pad on the right: ``[:, -1]`` would be padding for its shorter prompts."""
@@ -78,12 +62,6 @@ def _left_padded(model: Any, prompts: Any, what: str) -> None:
                 f"{what} reads each prompt's last token at position -1, which needs left padding; the tokenizer pads "
                 f"{model.tokenizer.padding_side}: set model.tokenizer.padding_side = 'left', or pass prompts of one length"
             )
-
-
-def _layers(model: Any, layers: int | list[int] | None, where: str) -> list[int]:
-    if layers is None:
-        return list(range(model.num_layers))
-    return layer_indices(layers, model.num_layers, f"{where}(layers=...)")
 
 
 def logit_lens(
@@ -105,9 +83,9 @@ def logit_lens(
         ``[prompts, layers, vocab]`` probabilities on the CPU (and the inverse ones).
         At the last layer they are ``model.next_token_probs``.
     """
-    model = _the_model("logit_lens", nn_model, model, prompts=prompts)
+    model = the_model("logit_lens", nn_model, model, prompts=prompts)
     with torch.no_grad():  # a block, not a decorator: a server rebuilds the bare function
-        _local(remote)
+        run_locally(remote)
         _left_padded(model, prompts, "logit_lens")
         probs: list = []
         inverse: list = []
@@ -202,9 +180,9 @@ def patchscope_lens(
     Returns:
         ``[sources, layers, vocab]`` probabilities on the CPU.
     """
-    model = _the_model("patchscope_lens", nn_model, model)
+    model = the_model("patchscope_lens", nn_model, model)
     with torch.no_grad():  # a block, not a decorator: a server rebuilds the bare function
-        _local(remote)
+        run_locally(remote)
         if target_patch_prompts is None:
             target_patch_prompts = repeat_prompt()
         if latents is not None:
@@ -219,7 +197,7 @@ def patchscope_lens(
         targets = TargetPromptBatch.auto(target_patch_prompts, num_sources)
         if len(targets) != num_sources:
             raise InvalidArgument(f"{num_sources} sources but {len(targets)} target prompts")
-        layers = _layers(model, layers, "patchscope_lens")
+        layers = chosen_layers(model, layers, "patchscope_lens")
         if latents is None:
             latents = get_token_activations(model, source_prompts, layers=layers)
         probs = []
@@ -232,149 +210,6 @@ def patchscope_lens(
         return torch.stack(probs).transpose(0, 1)
 
 
-def _value_reader(spec: str) -> tuple[int, Callable[[Any], Any]]:
-    """``"layer_output"`` / ``"linear_attn.state_output"`` -> (its place in a block's order, a reader of it on a layer, or None where absent)."""
-    part, _, name = spec.rpartition(".")
-    if not part:
-        if spec not in ("layer_input", "layer_output"):
-            raise InvalidArgument(f"unknown value {spec!r}: a layer's own values are layer_input and layer_output; name another as '<part>.<value>'")
-        return _ORDER[spec], lambda layer: getattr(layer, spec)
-    if part not in _ORDER or part.startswith("layer"):
-        raise InvalidArgument(f"unknown part {part!r} in {spec!r}: one of self_attn, linear_attn, mlp")
-
-    def read(layer: Any) -> Any:
-        envoy = getattr(layer, part)
-        if envoy is None:
-            return None
-        if name not in type(envoy).values():
-            raise InvalidArgument(f"{part} ({type(envoy).__name__}) has no value {name!r}; it serves {', '.join(type(envoy).values())}")
-        return getattr(envoy, name)
-
-    return _ORDER[part], read
-
-
-def _per_token(envoy: Any, spec: str) -> bool:
-    """Whether a value is documented ``[batch, seq, ...]`` (its jaxtyping annotation), so one token is taken."""
-    name = spec.rpartition(".")[2]
-    value = type(envoy).values().get(name)
-    dims = getattr(getattr(value, "annotation", None), "dim_str", "")
-    return dims.split()[:2] == ["batch", "seq"]
-
-
-def get_token_activations(
-    nn_model: Any = None,
-    prompts: str | list[str] | None = None,
-    layers: int | list[int] | None = None,
-    get_activations: Callable[[Any, int], Any] | None = None,
-    remote: bool = False,
-    idx: int | None = None,
-    tracer: Any = None,
-    values: str | list[str] | None = None,
-    *,
-    model: Any = None,
-) -> Any:
-    """One token's activations (the last by default) of each prompt, at each layer.
-
-    Without ``values``: 1.x's ``[layers, prompts, hidden]`` tensor of
-    ``get_activations(model, layer)`` (the layer's output by default).
-    With ``values`` (a standard value's name or a list of them:
-    ``"layer_output"``, ``"self_attn.attention_output"``, ``"mlp.mlp_output"``,
-    ``"linear_attn.state_output"``): ``{value: {layer: tensor}}`` over the
-    layers that have the value's part, each ``[prompts, ...]`` at token
-    ``idx`` where the value is documented ``[batch, seq, ...]`` (a value without a sequence axis, a recurrent state, whole).
-    Batched prompts are left-padded, so ``idx=-1`` is every prompt's last token.
-    Inside a trace, pass ``tracer=`` and no prompts: the values come back unsaved.
-    ``nn_model`` (first) is 1.x's name for the model; ``model=`` also takes it.
-    """
-    model = _the_model("get_token_activations", nn_model, model)
-    with torch.no_grad():  # a block, not a decorator: a server rebuilds the bare function
-        _local(remote)
-        if tracer is None and prompts is None:
-            raise SignatureError("pass prompts, or tracer= inside a trace")
-        idx = -1 if idx is None else idx
-        if idx < 0 and model.tokenizer.padding_side != "left":
-            raise InvalidArgument(f"a negative idx needs left padding; the tokenizer pads {model.tokenizer.padding_side}")
-        layers = _layers(model, layers, "get_token_activations")
-        if values is None:
-            get_activations = get_activations or (lambda m, layer: m.layers_output[layer])
-            acts: list = []
-
-            def collect() -> None:
-                for layer in layers:
-                    value = get_activations(model, layer)[:, idx]
-                    acts.append(value if tracer is not None else value.cpu().save())
-
-            if tracer is not None:
-                collect()
-            else:
-                with model.trace(prompts) as run:
-                    collect()
-                    run.stop()
-            return torch.stack(acts)
-        specs = [values] if isinstance(values, str) else list(values)
-        # In the order the family's blocks compute them (Zamba2's shared MLP runs before its mixer).
-        order = {"layer_input": 0, **{part: i + 1 for i, part in enumerate(model.family.PART_ORDER)}, "layer_output": 99}
-        readers = sorted(((*_value_reader(spec), spec) for spec in specs), key=lambda item: order[item[2].rpartition(".")[0] or item[2]])
-        found: dict = {spec: {} for spec in specs}
-
-        def collect_values() -> None:
-            for layer in sorted(layers):
-                block = model.layers[layer]
-                for _, read, spec in readers:
-                    value = read(block)
-                    if value is None and getattr(block, spec.rpartition(".")[0] or "layer_output", None) is None:
-                        continue  # this layer has no such part (a hybrid)
-                    envoy = block if "." not in spec else getattr(block, spec.rpartition(".")[0])
-                    if value is not None and _per_token(envoy, spec):
-                        value = value[:, idx]
-                    found[spec][layer] = value if tracer is not None or value is None else value.cpu().save()
-
-        if tracer is not None:
-            collect_values()
-        else:
-            with model.trace(prompts) as run:
-                collect_values()
-                run.stop()
-        return found
-
-
-def collect_token_activations_batched(
-    nn_model: Any = None,
-    prompts: list[str] | None = None,
-    batch_size: int | None = None,
-    layers: int | list[int] | None = None,
-    get_activations: Callable[[Any, int], Any] | None = None,
-    remote: bool = False,
-    idx: int | None = None,
-    tqdm: Any = None,
-    use_session: bool = True,
-    values: str | list[str] | None = None,
-    *,
-    model: Any = None,
-) -> Any:
-    """`get_token_activations` over ``prompts`` in batches of ``batch_size``, concatenated along the prompts.
-
-    ``tqdm``: a progress bar factory (``tqdm.auto.tqdm``), ``True`` for
-    ``tqdm.auto.tqdm``, or ``None`` for none. ``use_session`` is accepted for
-    1.x's signature (it mattered remotely only); ``nn_model`` (first) is 1.x's name for the model; ``model=`` also takes it.
-    """
-    model = _the_model("collect_token_activations_batched", nn_model, model, prompts=prompts, batch_size=batch_size)
-    _local(remote)
-    starts: Any = range(0, len(prompts), batch_size)
-    if tqdm is True:
-        from tqdm.auto import tqdm
-    if tqdm:
-        starts = tqdm(starts)
-    batches = [
-        get_token_activations(model, prompts[start:start + batch_size], layers, get_activations, idx=idx, values=values)
-        for start in starts
-    ]
-    if values is None:
-        return torch.cat(batches, dim=1)
-    return {
-        spec: {layer: torch.cat([batch[spec][layer] for batch in batches]) for layer in batches[0][spec]}
-        for spec in batches[0]
-    }
 
 
 def it_repeat_prompt(

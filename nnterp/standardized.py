@@ -33,63 +33,17 @@ from nnsight.intervention.iterator import Iterations
 from nnsight.intervention.tracer import InterleavingTracer
 from torch._guards import detect_fake_mode
 
-from .accessors import OneXInterface, check_standard_names, constructor_keywords
+from .accessors import OneXInterface
 from .attention_probabilities import AttentionProbabilitiesSlot
 from .core.dims import Logits, Probs
-from .core.errors import EmptyPrompt, InvalidArgument, LoadError, RoutingError, SignatureError, Unavailable, WrongType
+from .core.errors import EmptyPrompt, InvalidArgument, RoutingError, SignatureError, Unavailable
 from .core.values import DerivedEProperty, EProperty, Unwrap, served_as
 from .families import family_for
+from .loading import check_standard_names, constructor_keywords, model_config, standard_aliases
 from .recurrent.routing import refused_device
 from .recurrent.settings import mark_remote, marked_generating
 from .selection import states_of
 from .support import describe, support_table
-
-
-def _folder_config(path: str) -> Any:
-    """A saved folder's config, or a `LoadError` (one line) saying what is wrong with its config.json and the fix."""
-    from transformers import AutoConfig
-
-    file = os.path.join(path, "config.json")
-    fix = "pass a folder written by save_pretrained, or fix its config.json"
-    if not os.path.isfile(file):
-        raise LoadError(f"{path!r} has no config.json: {fix}")
-    try:
-        with open(file, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise LoadError(f"{file!r} is not valid JSON ({' '.join(str(error).split())}): {fix}") from error
-    if not isinstance(data, dict):
-        raise LoadError(f"{file!r} holds a JSON {type(data).__name__}, not an object of config fields: {fix}")
-    if "model_type" not in data:
-        raise LoadError(f"{file!r} has no `model_type` field (the family, e.g. \"qwen3_5_text\"): {fix}")
-    try:
-        return AutoConfig.from_pretrained(path)
-    except Exception as error:  # a field of the wrong type, an unknown model_type: transformers says which
-        raise LoadError(f"could not read {file!r}: {' '.join(str(error).split())}; {fix}") from error
-
-
-def _config(model: Any, revision: str | None = None) -> Any:
-    from transformers import AutoConfig, PreTrainedModel
-
-    if isinstance(model, PreTrainedModel):
-        return model.config
-    if not isinstance(model, (str, os.PathLike)):
-        raise WrongType(
-            f"StandardizedTransformer takes a hub id, a folder saved with save_pretrained, or a loaded "
-            f"PreTrainedModel; got {type(model).__name__}"
-        )
-    path = os.fspath(model)
-    if os.path.isdir(path):
-        return _folder_config(path)
-    looks_local = path.startswith((".", "/", "~")) or path.count("/") != 1  # a hub id is "owner/name"
-    try:
-        return AutoConfig.from_pretrained(path, revision=revision)
-    except Exception as error:
-        where = "no folder exists at that path" if looks_local else "the hub could not serve it"
-        raise LoadError(
-            f"could not load {path!r}: {where} ({type(error).__name__}: {error}). Pass a folder saved with "
-            "save_pretrained, a hub id this machine can reach, or a loaded model with tokenizer="
-        ) from error
 
 
 def _no_tokens(data: Any) -> bool:
@@ -126,24 +80,6 @@ def _register_for_remote() -> None:
     from nnsight.ndif import register
 
     register(__name__.partition(".")[0])
-
-
-def _standard_aliases(family: Any) -> dict:
-    """nnsight ``rename`` aliases for the standard parts: envoys, so ``tracer.cache()`` navigates them too.
-
-    ``model.layers`` (the blocks' ``ModuleList``), ``embed_tokens``,
-    ``ln_final``, ``lm_head``; and nnterp 1.x's ``model.model``: the backbone
-    (``transformer`` on GPT-2, ``backbone`` on Mamba), with the same
-    ``layers`` / ``embed_tokens`` / ``ln_final`` on it (``model.model.ln_final``
-    is Llama's ``model.model.norm``).
-    """
-    backbone = family.LAYERS.split(".")[0] if "." in family.LAYERS else None
-    aliases: dict = {family.LM_HEAD: "lm_head"}
-    for path, name in ((family.LAYERS, "layers"), (family.EMBED_TOKENS, "embed_tokens"), (family.LN_FINAL, "ln_final")):
-        aliases[path] = [name, f"{backbone}.{name}"] if backbone and path.startswith(f"{backbone}.") else name
-    if backbone not in (None, "model"):
-        aliases[backbone] = "model"
-    return aliases
 
 
 class _OutputLogits(Unwrap):
@@ -228,7 +164,7 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
         from transformers import AutoTokenizer, PreTrainedModel
 
         kwargs.pop("task", None)  # always a causal LM: a model key names its task, and it is this one
-        config = _config(model, kwargs.get("revision"))
+        config = model_config(model, kwargs.get("revision"))
         family = family_for(config)
         tokenizer_kwargs = dict(kwargs.pop("tokenizer_kwargs", None) or {})
         enable_attention_probs, check_renaming = constructor_keywords(family.text_config(config), kwargs)
@@ -248,7 +184,7 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
             raise InvalidArgument("a remote model runs on NDIF's copy of the weights: leave dispatch=False with remote=True")
         object.__setattr__(self, "_family", family)
         object.__setattr__(self, "_nnterp_remote", bool(remote))
-        kwargs["rename"] = {**_standard_aliases(family), **(kwargs.get("rename") or {})}
+        kwargs["rename"] = {**standard_aliases(family), **(kwargs.get("rename") or {})}
         super(StandardizedTransformer, self).__init__(
             model, task="text-generation", tokenizer=tokenizer, dispatch=dispatch, envoys=family.envoys(), **kwargs
         )
