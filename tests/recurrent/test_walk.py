@@ -34,7 +34,7 @@ _spec.loader.exec_module(walk)
 
 STRATEGIES = {"recurrent/per_token/loop.py", "recurrent/per_token/boundaries.py", "recurrent/per_token/from_arguments.py"}
 SHARED = {
-    "components/recurrent.py", "components/per_token_values.py", "recurrent/call.py", "recurrent/per_token/__init__.py", "recurrent/settings.py",
+    "components/recurrent.py", "recurrent/call.py", "recurrent/per_token/__init__.py", "recurrent/settings.py",
     "recurrent/arguments.py", "recurrent/kernels.py", "recurrent/labels.py", "core/calls.py", "core/values.py", "core/indices.py",
     "fast/step.py",
 }
@@ -74,7 +74,15 @@ SLACK = 1.10
 TARGET = (60, None)
 TARGETS = {("mamba2", "chunks", "set_state_after"): (50, 8)}
 #: The walks that reached their target since issue 23 opened: add a walk here when its xfail XPASSes.
-REACHED_SINCE: set = set()
+REACHED_SINCE: set = {("minimax", "routed", "states")}
+#: Walks allowed more files than `BEFORE` + `SLACK` (never more calls or hops), each with the move that made them.
+MOVED = {
+    ("minimax", "routed", "set_state_after"): (
+        9,
+        "lightning's record and states moved from its component's satellites into the engine's layers "
+        "(recurrent/forward_call.py, recurrent/per_token/forward.py): 2 more files, 31 -> 32 hops",
+    ),
+}
 #: The walks that meet their target (hard assertions): those that met it before, and `REACHED_SINCE`.
 #: The others are strict xfails until they do.
 REACHED = {
@@ -121,6 +129,8 @@ def test_no_walk_grows(walks, key):
     row = walks[key]
     got = (row["calls"], len(row["files"]), row["hops"])
     ceiling = tuple(math.ceil(before * SLACK) for before in BEFORE[key])
+    if key in MOVED:
+        ceiling = (ceiling[0], MOVED[key][0], ceiling[2])
     assert all(g <= c for g, c in zip(got, ceiling)), (
         f"{_id(key)}: calls/files/hops {got} past the ceiling {ceiling} (BEFORE {BEFORE[key]} + 10%); files {row['files']}"
     )

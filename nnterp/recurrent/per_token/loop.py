@@ -155,8 +155,10 @@ class TokenLoop(PerToken):
                 collect = tap((state.shape[0], call.seq, *state.shape[1:]), state)
             if collect is not None and position + 1 < call.seq:
                 # Token t + 1 continues from the state through the tap (an exact zero), as set_state_after writes it.
+                call.advance(position, "states")
                 mixer.continue_from(call, position, state + collect[:, position])
-            call.advance(position, "states")
+        if call.seq:
+            call.advance(call.seq - 1, "states")
         if collect is not None:
             # A leaf the later tokens read through: its gradient at t is the loss's derivative by the state after t.
             return fill(collect, torch.stack([s.detach() for s in out], 1))
