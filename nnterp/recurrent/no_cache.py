@@ -1,0 +1,109 @@
+"""A model transformers cannot run with a cache, and what nnterp says on it instead of "use use_cache=True".
+
+The trap: a Qwen3.5 text model (and Qwen3.5-MoE, Qwen3-Next) whose
+``config.layer_types`` are all ``"linear_attention"`` gets a ``DynamicCache``
+of ``LinearAttentionLayer`` only, and that cache's ``get_seq_length`` raises
+"can only be called on Attention layers" when no layer is one. The causal
+mask calls it on every forward with a cache, and ``generate``'s prefill calls
+it too, so a default trace (``use_cache`` defaults to True) and ``generate``
+fail, in every supported release (5.18.0, 5.19.0, 5.20.2, 5.21.1, 5.22.2,
+5.23.0, 5.24.0 all do; OLMo-Hybrid's config refuses such a model outright).
+A run with ``use_cache=False`` works, ``generate(..., use_cache=False)``
+included (it recomputes the whole sequence at every step).
+
+The family decides whether a model is in the trap (`Family.cache_refused`,
+from its config: Qwen3.5's runs one forward of a one-layer all-linear model
+of its own class with a cache, once per process, so a release that fixes the
+bug is seen as fixed). On such a model:
+
+* a value that only a cache can serve (``state_output``, ``conv_state_input``,
+  ``conv_state_output``) is unavailable, with `REASON` (what ``support()``
+  reports) instead of "run it with use_cache=True";
+* a run that asks for a cache (a default trace, a default ``generate``) raises
+  `InvalidArgument` (a ``ValueError``, like transformers' own) naming
+  ``use_cache=False`` (`RefusedCacheRun`). nnterp does not pass
+  ``use_cache=False`` for the user: it would serve other values than the run
+  asked for (no ``state_output``, no window) and make ``generate`` quadratic,
+  and a plain transformers model fails the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import transformers
+
+from ..core.errors import InvalidArgument
+
+#: Why no run of such a model keeps a value carried from one call to the next, and what works instead.
+REASON = (
+    "this model has no attention layer (config.layer_types are all linear_attention), and transformers {release} "
+    "cannot run such a model with a cache (DynamicCache.get_seq_length raises 'can only be called on Attention "
+    "layers'), so no call keeps the state or the convolution window it leaves: run it with use_cache=False, which "
+    "serves the states (states[:, -1] is the state after the last token), the kernel's arguments, effective attention "
+    "and state_input, and generate with use_cache=False (it recomputes the sequence at each step); a state_output, a "
+    "convolution window or a decode step continuing a kept state needs a model with an attention layer"
+)
+
+#: The error a run asking for a cache raises on such a model.
+REFUSED = (
+    "this model has no attention layer (config.layer_types are all linear_attention), and transformers {release} "
+    "cannot run such a model with a cache: DynamicCache.get_seq_length raises 'can only be called on Attention "
+    "layers' (in the causal mask and in generate). Pass use_cache=False: model.trace(prompt, use_cache=False) serves "
+    "the states, the kernel's arguments, effective attention and state_input; model.generate(prompt, use_cache=False, "
+    "...) recomputes the sequence at each step. state_output, the convolution window and a decode step over a kept "
+    "state need a model with an attention layer in config.layer_types"
+)
+
+#: The words of transformers' error (``get_seq_length`` and ``get_mask_sizes`` both say them).
+TRANSFORMERS_ERROR = "can only be called on Attention layers"
+
+
+def standardized_root(envoy: Any) -> Any:
+    """The model an envoy belongs to (its topmost parent envoy)."""
+    while getattr(envoy, "_parent", None) is not None and envoy._parent() is not None:
+        envoy = envoy._parent()
+    return envoy
+
+
+def refused(envoy: Any) -> bool:
+    """Whether the model ``envoy`` belongs to cannot run with a cache (its family says so, from its config)."""
+    root = standardized_root(envoy)
+    family = getattr(root, "family", None)
+    config = getattr(getattr(root, "_module", None), "config", None)
+    return family is not None and config is not None and bool(family.cache_refused(config))
+
+
+def reason() -> str:
+    """`REASON`, with the installed release."""
+    return REASON.format(release=transformers.__version__)
+
+
+def needs_a_cache(envoy: Any) -> str | None:
+    """``unavailable=`` of a value only a cache serves: `REASON` on a model that cannot run with one, else ``None``."""
+    return reason() if refused(envoy) else None
+
+
+def no_cache_reason(envoy: Any, default: str) -> str:
+    """Why a call without a cache lacks a value: ``default`` ("run it with use_cache=True"), or `REASON` where that fails."""
+    return reason() if refused(envoy) else default
+
+
+class RefusedCacheRun:
+    """Around a run of a model that cannot run with a cache: transformers' error becomes `InvalidArgument`.
+
+    Any other error, and every run that works (``use_cache=False``), passes through unchanged.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def __enter__(self) -> RefusedCacheRun:
+        return self
+
+    def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
+        if isinstance(error, ValueError) and not isinstance(error, InvalidArgument) and TRANSFORMERS_ERROR in str(error):
+            raise InvalidArgument(REFUSED.format(release=transformers.__version__)) from error
+
+
+__all__ = ["REASON", "REFUSED", "RefusedCacheRun", "needs_a_cache", "no_cache_reason", "refused", "standardized_root"]
