@@ -41,7 +41,7 @@ from ..recurrent.call import Call
 from ..recurrent.gradient_support import gradient_reasons
 from ..recurrent.kernels import drill, modeling_of, needs_torch_kernels, original_body, runs_pure_torch
 from ..recurrent.labels import Label, cache_test, call_label, state_label
-from ..recurrent.no_cache import needs_a_cache
+from ..recurrent.no_cache import final_state_reason
 from ..recurrent.per_token.loop import needs_recurrent_routing
 from ..recurrent.routing import route_delta_rule, route_kernels, track  # noqa: F401  (documented here)
 from ..recurrent.settings import REMOTE
@@ -54,12 +54,6 @@ __all__ = [
 #: ``[batch, mixer_heads, seq, seq]``: rows are the output's tokens t, columns the values' tokens s.
 EffectiveAttention = Float[Tensor, f"{BATCH} {MIXER_HEADS} {SEQ} {SEQ}"]
 
-
-
-def final_state_reason(mixer: Any) -> str | None:
-    """Why ``state_output`` cannot be served: no run keeps it (a model transformers cannot run with a cache), or
-    the kernel has no Python source to read (`needs_torch_kernels`)."""
-    return needs_a_cache(mixer) or needs_torch_kernels(mixer)
 
 class RecurrentMixer(Standard):
     """A sequence mixer with a recurrent state, read at the kernel call its forward makes.

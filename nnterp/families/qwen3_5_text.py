@@ -81,10 +81,13 @@ class Qwen3_5Text(Llama):
     def cache_refused(cls, config) -> bool:
         """Whether this model has no attention layer and the installed transformers cannot run such a model with a cache.
 
-        Found by behaviour, once per family and process: one forward with a cache of a one-layer, all-linear,
-        random model of this family's config class (its RNG forked: the caller's seed is untouched).
+        Found by behaviour, once per family and process: one forward with a cache of a one-layer random model of
+        this family's config class whose layer is recurrent (its RNG forked: the caller's seed is untouched).
         """
-        if "full_attention" in cls.text_config(config).layer_types:
+        # Only a config whose every layer is of a recurrent kind can be in the trap (the families built on this one
+        # name their kinds in LAYER_TYPES, or have no layer_types); the probe decides.
+        kinds = set(getattr(cls.text_config(config), "layer_types", None) or ())
+        if not kinds or any(cls.LAYER_TYPES.get(kind) != "linear_attn" for kind in kinds):
             return False
         if cls not in _CACHE_REFUSED:
             _CACHE_REFUSED[cls] = cls.probe_cache()
@@ -93,17 +96,14 @@ class Qwen3_5Text(Llama):
     @classmethod
     def probe_cache(cls) -> bool:
         """Run a one-layer all-linear model of this family with a cache: True where transformers' trap raises."""
-        sizes = dict(cls.tiny_sizes(), **TINY, vocab_size=8, num_hidden_layers=1, layer_types=["linear_attention"])
-        try:
-            config = cls.CONFIG(**sizes)
-        except Exception:  # noqa: BLE001  (huggingface_hub's validation error is no ValueError)
-            return False  # the config refuses a model without an attention layer (OLMo-Hybrid): no such model exists
+        linear = next(kind for kind, part in cls.LAYER_TYPES.items() if part == "linear_attn")
+        sizes = dict(cls.tiny_sizes(), **TINY, vocab_size=8, num_hidden_layers=1, layer_types=[linear])
         with torch.random.fork_rng(devices=[]), torch.no_grad():
-            model = transformers.AutoModelForCausalLM.from_config(config)
             try:
+                model = transformers.AutoModelForCausalLM.from_config(cls.CONFIG(**sizes))
                 model(input_ids=torch.zeros(1, 1, dtype=torch.long), use_cache=True)
-            except ValueError as error:
-                return TRANSFORMERS_ERROR in str(error)
+            except Exception as error:  # noqa: BLE001  (a config that refuses such a model, OLMo-Hybrid's: no trap)
+                return isinstance(error, ValueError) and TRANSFORMERS_ERROR in str(error)
         return False
 
     @classmethod

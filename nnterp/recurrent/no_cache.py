@@ -34,10 +34,11 @@ from typing import Any
 import transformers
 
 from ..core.errors import InvalidArgument
+from .kernels import needs_torch_kernels
 
 #: Why no run of such a model keeps a value carried from one call to the next, and what works instead.
 REASON = (
-    "this model has no attention layer (config.layer_types are all linear_attention), and transformers {release} "
+    "this model has no attention layer (no entry of config.layer_types is one), and transformers {release} "
     "cannot run such a model with a cache (DynamicCache.get_seq_length raises 'can only be called on Attention "
     "layers'), so no call keeps the state or the convolution window it leaves: run it with use_cache=False, which "
     "serves the states (states[:, -1] is the state after the last token), the kernel's arguments, effective attention "
@@ -47,7 +48,7 @@ REASON = (
 
 #: The error a run asking for a cache raises on such a model.
 REFUSED = (
-    "this model has no attention layer (config.layer_types are all linear_attention), and transformers {release} "
+    "this model has no attention layer (no entry of config.layer_types is one), and transformers {release} "
     "cannot run such a model with a cache: DynamicCache.get_seq_length raises 'can only be called on Attention "
     "layers' (in the causal mask and in generate). Pass use_cache=False: model.trace(prompt, use_cache=False) serves "
     "the states, the kernel's arguments, effective attention and state_input; model.generate(prompt, use_cache=False, "
@@ -84,6 +85,12 @@ def needs_a_cache(envoy: Any) -> str | None:
     return reason() if refused(envoy) else None
 
 
+def final_state_reason(mixer: Any) -> str | None:
+    """``unavailable=`` of ``state_output``: no run keeps it (`needs_a_cache`), or the kernel has no Python source
+    to read inside (`needs_torch_kernels`)."""
+    return needs_a_cache(mixer) or needs_torch_kernels(mixer)
+
+
 def no_cache_reason(envoy: Any, default: str) -> str:
     """Why a call without a cache lacks a value: ``default`` ("run it with use_cache=True"), or `REASON` where that fails."""
     return reason() if refused(envoy) else default
@@ -106,4 +113,4 @@ class RefusedCacheRun:
             raise InvalidArgument(REFUSED.format(release=transformers.__version__)) from error
 
 
-__all__ = ["REASON", "REFUSED", "RefusedCacheRun", "needs_a_cache", "no_cache_reason", "refused", "standardized_root"]
+__all__ = ["REASON", "REFUSED", "RefusedCacheRun", "final_state_reason", "needs_a_cache", "no_cache_reason", "refused", "standardized_root"]
