@@ -1,20 +1,43 @@
-"""A model transformers cannot run with a cache, and what nnterp says on it instead of "use use_cache=True".
+"""A model transformers cannot run with a cache, and what nnterp says on it instead of "run it with use_cache=True".
 
 The trap: a Qwen3.5 text model (and Qwen3.5-MoE, Qwen3-Next) whose
 ``config.layer_types`` are all ``"linear_attention"`` gets a ``DynamicCache``
 of ``LinearAttentionLayer`` only, and that cache's ``get_seq_length`` raises
-"can only be called on Attention layers" when no layer is one. The causal
-mask calls it on every forward with a cache, and ``generate``'s prefill calls
-it too, so a default trace (``use_cache`` defaults to True) and ``generate``
+"can only be called on Attention layers" when no layer is one. Every forward
+with a cache calls it (counting the cached tokens for its positions up to
+5.23, in the causal mask on 5.24), and so does ``generate``'s prefill up to
+5.23, so a default trace (``use_cache`` defaults to True) and ``generate``
 fail, in every supported release (5.18.0, 5.19.0, 5.20.2, 5.21.1, 5.22.2,
 5.23.0, 5.24.0 all do; OLMo-Hybrid's config refuses such a model outright).
 A run with ``use_cache=False`` works, ``generate(..., use_cache=False)``
-included (it recomputes the whole sequence at every step).
+included (it recomputes the whole sequence at every step). An LFM2 model
+whose layers are all short convolutions (``"conv"``) falls in the same trap.
+
+Measured (random all-linear configs from transformers' config classes; a
+forward with ``use_cache=True``, the default forward, ``generate``; with
+``use_cache=False`` a forward and ``generate`` work on all of them):
+
+=========  ==========================================  ===========================
+release    qwen3_5_text, qwen3_5_moe_text, qwen3_next   olmo_hybrid
+=========  ==========================================  ===========================
+5.18.0     forward with a cache and generate raise      config refuses it
+5.19.0     the same                                     the same
+5.20.2     the same                                     the same
+5.21.1     the same                                     the same
+5.22.2     the same                                     the same
+5.23.0     the same                                     the same
+5.24.0     the same                                     the same
+=========  ==========================================  ===========================
+
+(A forward raises where it counts the cached tokens for its positions, up to
+5.23, or in the causal mask, 5.24; ``generate`` in its prefill up to 5.23, in
+its first forward on 5.24; the words are the same.)
 
 The family decides whether a model is in the trap (`Family.cache_refused`,
-from its config: Qwen3.5's runs one forward of a one-layer all-linear model
-of its own class with a cache, once per process, so a release that fixes the
-bug is seen as fixed). On such a model:
+from its config: Qwen3.5's, and so its descendants', runs one forward with a
+cache of a one-layer random model of its own class whose one layer is
+recurrent, once per process, so a release that fixes the bug is seen as
+fixed). On such a model:
 
 * a value that only a cache can serve (``state_output``, ``conv_state_input``,
   ``conv_state_output``) is unavailable, with `REASON` (what ``support()``
