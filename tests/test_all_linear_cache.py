@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from nnterp import StandardizedTransformer
 from nnterp.core.errors import InvalidArgument, Unavailable
-from nnterp.families import REGISTRY
+from nnterp.families import REGISTRY, families
 from nnterp.families.base import TINY
 from nnterp.families.qwen3_5_text import Qwen3_5Text
 from nnterp.sweep import per_token_states
@@ -33,9 +33,7 @@ WRONG = "use_cache=True"
 CACHE_ONLY = ("linear_attn.state_output", "linear_attn.conv_state_input", "linear_attn.conv_state_output")
 #: The text model types of the families built on Qwen3.5's (Qwen3.5-MoE, Qwen3-Next, OLMo-Hybrid, LFM2, ...): the ones
 #: whose ``config.layer_types`` may name no attention layer.
-HYBRIDS = [
-    name for name in sorted(REGISTRY) if issubclass(REGISTRY[name], Qwen3_5Text) and name == REGISTRY[name].MODEL_TYPES[0]
-]
+HYBRIDS = sorted(family.MODEL_TYPES[0] for family in families() if issubclass(family, Qwen3_5Text))
 
 
 def all_linear_config(model_type: str, layers: int = 2, **tokens):
