@@ -14,7 +14,9 @@ and write that buffer at the mixer's input and output.
   makes the next call start from the assigned window.
 
 They need a cache (a plain trace and ``generate`` make one; ``use_cache=False``
-does not).
+does not). On a model transformers cannot run with a cache (a Qwen3.5 text
+model without an attention layer, `nnterp.recurrent.no_cache`) no run keeps a
+window, and they say so.
 """
 
 from __future__ import annotations
@@ -27,16 +29,20 @@ from nnsight.intervention.interleaver import Mediator
 from ..core.dims import ConvState
 from ..core.errors import Unavailable
 from ..core.values import DerivedEProperty, check_tensor
+from ..recurrent.no_cache import needs_a_cache, no_cache_reason
+
+#: Why a call without a cache has no window.
+NO_CACHE = (
+    "this call runs without a cache, so it keeps no convolution window: run it with use_cache=True "
+    "(the default of a trace and of generate)"
+)
 
 
 def _window(envoy: Any) -> torch.Tensor | None:
     """The cache's window buffer for this layer, or ``None`` before any has been kept."""
     cache = envoy._call()["cache"]
     if cache is None:
-        raise Unavailable(
-            "the convolution window", "this call runs without a cache, so it keeps no convolution window: run it with use_cache=True "
-            "(the default of a trace and of generate)"
-        )
+        raise Unavailable("the convolution window", no_cache_reason(envoy, NO_CACHE))
     layer = cache.layers[envoy._module.layer_idx]
     if not layer.has_previous_state[0]:
         return None
@@ -81,6 +87,7 @@ def conv_state_input() -> DerivedEProperty:
         description="the convolution window entering this call (None on a fresh prompt), [batch, conv_channels, conv_width]",
         annotation=ConvState,
         none_on_fresh_prompt=True,
+        unavailable=needs_a_cache,
     )
 
 
@@ -90,4 +97,5 @@ def conv_state_output() -> DerivedEProperty:
         assign=_assign_leaving,
         description="the convolution window leaving this call, [batch, conv_channels, conv_width]",
         annotation=ConvState,
+        unavailable=needs_a_cache,
     )

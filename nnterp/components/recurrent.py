@@ -41,6 +41,7 @@ from ..recurrent.call import Call
 from ..recurrent.gradient_support import gradient_reasons
 from ..recurrent.kernels import drill, modeling_of, needs_torch_kernels, original_body, runs_pure_torch
 from ..recurrent.labels import Label, cache_test, call_label, state_label
+from ..recurrent.no_cache import final_state_reason
 from ..recurrent.per_token.loop import needs_recurrent_routing
 from ..recurrent.routing import route_delta_rule, route_kernels, track  # noqa: F401  (documented here)
 from ..recurrent.settings import REMOTE
@@ -253,7 +254,7 @@ class RecurrentMixer(Standard):
     )
     state_output = DerivedEProperty(
         read_state_output, assign=write_state_output, key=kernel.__func__("output"),
-        description="the state after this call's last token", unavailable=needs_torch_kernels, annotation=State,
+        description="the state after this call's last token", unavailable=final_state_reason, annotation=State,
     )
 
     # -- effective attention: o_t = Σ_s A[t, s] v_s (+ the entering state's readout), per head or channel --

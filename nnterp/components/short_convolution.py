@@ -85,6 +85,7 @@ from ..recurrent.call import Call
 from ..recurrent.gradients import recording
 from ..recurrent.kernels import needs_torch_kernels
 from ..recurrent.labels import Label, call_label
+from ..recurrent.no_cache import no_cache_reason
 from ..recurrent.per_token.windows import WINDOWS, extended
 from .conv import conv_state_input, conv_state_output
 from .recurrent import RecurrentMixer
@@ -254,7 +255,7 @@ class ShortConvolution(RecurrentMixer):
         cache = self._call()["cache"]
         if cache is None:
             if required:
-                raise Unavailable("linear_attn.state_output", _NO_CACHE)
+                raise Unavailable("linear_attn.state_output", no_cache_reason(self, _NO_CACHE))
             return None
         layer = cache.layers[self._module.layer_idx]
         return layer.conv_states[0][_rows()] if layer.has_previous_state[0] else None

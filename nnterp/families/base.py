@@ -114,6 +114,15 @@ class Family:
         return nullcontext()
 
     @classmethod
+    def cache_refused(cls, config: Any) -> bool:
+        """Whether the installed transformers cannot run this model with a cache (False on most families).
+
+        Qwen3.5's says True for a model with no attention layer (`nnterp.recurrent.no_cache`): nnterp then says
+        ``use_cache=False`` where it would say "run it with use_cache=True", and turns transformers' error into its own.
+        """
+        return False
+
+    @classmethod
     def text_config(cls, config: Any) -> Any:
         """The config of the text model (the composite's ``text_config`` where there is one)."""
         return config

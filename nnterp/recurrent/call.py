@@ -42,6 +42,7 @@ from ..core.values import check_expected, check_tensor, replace_in, select_from
 from . import arguments
 from .gradients import graft, recording
 from .kernels import signature_binding
+from .no_cache import no_cache_reason
 
 
 def order_hint(asked: str, passed: str) -> str:
@@ -264,7 +265,7 @@ class Call:
         """The kernel's return, holding a final state (else `Unavailable`: the call runs without a cache)."""
         output = self.op.output
         if not isinstance(output, tuple) or output[type(self.mixer).FINAL_STATE] is None:
-            raise Unavailable("linear_attn.state_output", NO_CACHE)
+            raise Unavailable("linear_attn.state_output", no_cache_reason(self.mixer, NO_CACHE))
         return output
 
     def effective(self, positions: Any, selection: Any, coefficients: bool) -> tuple:
