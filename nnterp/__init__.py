@@ -66,18 +66,21 @@ __all__ = [
     "TokenizationError",
     "get_rename_dict",
     "ModuleAccessor",
+    "state_steering_vectors",
 ]
 
 
 #: nnterp 1.x's top-level names, imported on first use (``import nnterp`` stays light).
 _ONEX = {"get_rename_dict": "nnterp.rename_utils", "ModuleAccessor": "nnterp.nnsight_utils"}
+#: Toolkit functions, imported on first use too.
+_LAZY = {**_ONEX, "state_steering_vectors": "nnterp.steering"}
 
 
 def __getattr__(name: str):
-    if name in _ONEX:
+    if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_ONEX[name]), name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'nnterp' has no attribute {name!r}")
 
 

@@ -39,10 +39,12 @@ from .core.dims import Logits, Probs
 from .core.errors import EmptyPrompt, InvalidArgument, RoutingError, SignatureError, Unavailable
 from .core.values import DerivedEProperty, EProperty, Unwrap, served_as
 from .families import family_for
+from .knockout import model_knockout
 from .loading import check_standard_names, constructor_keywords, model_config, standard_aliases
 from .recurrent.routing import refused_device
 from .recurrent.settings import mark_remote, marked_generating
 from .selection import states_of
+from .steering import steer_states
 from .support import describe, support_table
 
 
@@ -254,6 +256,15 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
         path: up to the last selected token, a block at a time).
         """
         return states_of(self, positions, layers)
+
+    def knockout(self, sources: Any, targets: Any = None, layers: Any = None, mode: str = "value") -> None:
+        """``knockout(sources, targets, mode)`` on the mixer and the attention layer of each of ``layers`` (default:
+        all): ``"value"`` on both, ``"skip"`` on mixers, ``"mask"`` on attention layers (`nnterp.knockout`)."""
+        model_knockout(self, sources, targets, layers, mode)
+
+    def steer_states(self, vectors: dict, scale: float = 1.0, positions: Any = None) -> None:
+        """``linear_attn.steer_state(vectors[layer], positions, scale)`` for each ``{layer: delta}`` (`nnterp.steering`)."""
+        steer_states(self, vectors, scale, positions)
 
     def interleave(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """nnsight's driver of every trace, refusing first a run a compiled kernel would refuse.

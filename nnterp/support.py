@@ -32,6 +32,9 @@ def support_table(model: Any) -> dict:
         for kind, envoy in _components(layer).items():
             for name, value in type(envoy).values().items():
                 reasons.setdefault(f"{kind}.{name}", {})[index] = value.reason(envoy)
+            if hasattr(type(envoy), "interventions"):
+                for name, reason in envoy.interventions().items():
+                    reasons.setdefault(f"{kind}.{name}", {})[index] = reason
             if hasattr(type(envoy), "gradients"):
                 for name, reason in envoy.gradients().items():
                     reasons.setdefault(f"{kind}.{name}.grad", {})[index] = reason

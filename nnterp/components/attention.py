@@ -25,9 +25,10 @@ import torch
 from nnsight.intervention.source import compiled, decorator_chain
 
 from ..core.dims import Hidden
-from ..core.errors import NnterpError, UnsupportedRelease, WrongType
+from ..core.errors import InvalidArgument, NnterpError, Unavailable, UnsupportedRelease, WrongType
 from ..core.standard import Standard
 from ..core.values import DerivedEProperty, module_output
+from ..recurrent.knockout import as_positions, check_mode
 from ..recurrent.labels import missing
 
 #: HF attention class -> (the label of its ``attention_interface(...)`` call, the label of the
@@ -109,6 +110,42 @@ def _write_probabilities(envoy: Any, value: Any) -> None:
     _matmul(envoy).input = value
 
 
+#: ``mode`` values an attention layer's knockout takes (`nnterp.knockout` says what each does).
+ATTENTION_MODES = ("value", "mask")
+
+
+def _knockout_reason(attention: Any) -> str | None:
+    """Why ``self_attn.knockout`` cannot act now: the attention probabilities' reason (eager attention)."""
+    return type(attention).values()["attention_probabilities"].reason(attention)
+
+
+def _knock_out(attention: Any, sources: Any, targets: Any = None, mode: str = "value") -> None:
+    """``self_attn.knockout``: edit this call's attention weights at ``(targets, sources)`` (module docstring)."""
+    what = "self_attn.knockout"
+    check_mode(mode, targets, what, ATTENTION_MODES)
+    reason = _knockout_reason(attention)
+    if reason is not None:
+        raise Unavailable(what, reason)
+    weights = attention.attention_probabilities  # [batch, heads, queries, keys]
+    seq, keys = weights.shape[2], weights.shape[3]
+    chosen = as_positions(sources, seq, f"`{what}` sources")
+    rows = list(range(min(chosen), seq)) if targets is None else as_positions(targets, seq, f"`{what}` targets")
+    pairs = torch.zeros(seq, keys, dtype=torch.bool, device=weights.device)
+    for s in chosen:
+        pairs[[t for t in rows if t >= s], keys - seq + s] = True
+    edited = weights.masked_fill(pairs, 0.0)
+    if mode == "mask":
+        left = edited.sum(-1, keepdim=True) + (1 - weights.sum(-1, keepdim=True))  # a sink's share stays
+        changed = pairs.any(-1)[None, None, :, None]
+        if bool((changed & (left <= 0)).any()):
+            raise InvalidArgument(
+                f"`{what}`: mode='mask' would leave a target with no key to attend to (its row would be all -inf); "
+                "keep at least one of its keys, or use mode='value'"
+            )
+        edited = torch.where(changed, edited / left.clamp_min(torch.finfo(left.dtype).tiny), edited)
+    attention.attention_probabilities = edited
+
+
 class Attention(Standard):
     """A softmax attention block (``layer.self_attn``)."""
 
@@ -121,3 +158,14 @@ class Attention(Standard):
         description="the attention weights each head multiplies the values by, [batch, heads, seq, seq] (eager attention only)",
         unavailable=_probabilities_unavailable,
     )
+
+    def knockout(self, sources: Any, targets: Any = None, mode: str = "value") -> None:
+        """Remove the flow from token(s) ``sources`` to ``targets`` (``None``: every position at or after each
+        source) in this call's attention, every head: ``mode="value"`` drops the term ``a[t, s] · v_s`` without
+        renormalizing, ``mode="mask"`` sets the score to ``-inf`` and renormalizes. Eager attention only
+        (``enable_attention_probs=True``); `nnterp.knockout` says more."""
+        _knock_out(self, sources, targets, mode)
+
+    def interventions(self) -> dict[str, str | None]:
+        """Per intervention, ``None`` where it acts now, else why not (``support()``'s rows)."""
+        return {"knockout": _knockout_reason(self)}

@@ -81,6 +81,7 @@ class LinearAttention(RecurrentMixer):
 
     REFERENCE = "transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5GatedDeltaNet"
     FAST = GATED_DELTA
+    SKIP = {"betas": 0.0, "decays": 0.0}  # no write, no decay: S_s = S_{s-1}
     EFFECTIVE = GATED_DELTA_ATTENTION
     CHUNK_FUNCTION = "torch_chunk_gated_delta_rule"
     RECURRENT_FUNCTION = "torch_recurrent_gated_delta_rule"

@@ -141,6 +141,7 @@ class LightningAttention(RecurrentMixer):
     #: Its states are always computed from the call's own q, k, v and decays (as the fast path's are), so a read
     #: after the forward has run (state_output first) is still served.
     STATES_FROM_ARGUMENTS = True
+    SKIP = {"attention_values": 0.0, "decays": 0.0}  # S_s = exp(0) S_{s-1} + k_s 0ᵀ (v where the forward splits it, first)
     #: Values no gradient of the model's outputs reaches (`gradient_support`), beyond the shared ones.
     GRADIENTLESS = {
         "state_output": (
@@ -249,6 +250,10 @@ class LightningAttention(RecurrentMixer):
         call = self.record()
         with pinned(call.first["cat"]):
             return call.operation("cat").output.transpose(1, 2)
+
+    def write_kernel_output(self, value: torch.Tensor) -> None:
+        """Make ``value`` (as `kernel_output` serves it) the output the norm and the gate read."""
+        self.record().replace_outputs(value.transpose(1, 2))
 
     def effective_attention_of(self, positions: Any = None, heads: Any = None, channels: Any = None) -> torch.Tensor:
         """Rows ``positions`` of `effective_attention`, for some ``heads`` only: ``[batch, len(heads), len(positions), seq]``.

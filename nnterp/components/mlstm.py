@@ -154,6 +154,8 @@ class MLSTM(RecurrentMixer):
     }
     RECURRENT_ARGUMENTS = CHUNK_ARGUMENTS
     EFFECTIVE = MLSTM_ATTENTION
+    #: No decay (log sigmoid(1e4) is 0 in float32), no write (k_s = 0, exp(-1e4 - m) = 0) and the stabilizer m kept.
+    SKIP = {"input_gates": -1e4, "forget_gates": 1e4, "attention_keys": 0.0}
     OWN_ONE_PASS = staticmethod(_one_pass)
 
     #: Gradient-less values beyond the shared ones (`nnterp.recurrent.gradient_support`).

@@ -40,6 +40,7 @@ from ..recurrent import arguments, per_token
 from ..recurrent.call import Call
 from ..recurrent.gradient_support import gradient_reasons
 from ..recurrent.kernels import drill, modeling_of, needs_torch_kernels, original_body, runs_pure_torch
+from ..recurrent.knockout import RecurrenceInterventions
 from ..recurrent.labels import Label, cache_test, call_label, state_label
 from ..recurrent.no_cache import final_state_reason
 from ..recurrent.per_token.loop import needs_recurrent_routing
@@ -55,7 +56,7 @@ __all__ = [
 EffectiveAttention = Float[Tensor, f"{BATCH} {MIXER_HEADS} {SEQ} {SEQ}"]
 
 
-class RecurrentMixer(Standard):
+class RecurrentMixer(RecurrenceInterventions, Standard):
     """A sequence mixer with a recurrent state, read at the kernel call its forward makes.
 
     A subclass declares: ``REFERENCE``, the HF mixer class (``"module.Class"``) its class-level labels are read from

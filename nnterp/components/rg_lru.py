@@ -137,6 +137,7 @@ class RGLRU(RecurrentMixer):
     CONV_FUNCTIONS = ()
     SEQ_ARGUMENT = "x"
     EFFECTIVE = LRU_ATTENTION
+    VALUE_ARGUMENT, SKIP = "x", {"recurrent_gate": 1.0, "attention_values": 0.0}  # h_s = 1 · h_{s-1} + 0
 
     #: ``self._rnn_scan(hidden_states=u, recurrent_gate=a, reset=, recurrent_states=h_in)``, for every call.
     CHUNK_ARGUMENTS = {

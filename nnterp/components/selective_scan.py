@@ -102,6 +102,8 @@ class SelectiveScan(RecurrentMixer):
     EFFECTIVE = SCAN_ATTENTION
     #: The fast path (`nnterp.fast.selective_scan`); the prompt kernel takes no initial state, so writes use ``SCAN.resume``.
     FAST = SCAN
+    VALUE_ARGUMENT = "x"
+    SKIP = {"betas": 0.0}  # Δ_s = 0: no decay, no write
 
     #: ``mamba_selective_scan(x, dt, A, B, C, D=, z=, delta_bias=, delta_softplus=, ...)``, channel-first.
     CHUNK_ARGUMENTS = {

@@ -135,6 +135,7 @@ class ShortConvolution(RecurrentMixer):
     ONE_STEP_DECODE = True
     SEQ_ARGUMENT = "x"
     EFFECTIVE = SHORT_CONV_ATTENTION
+    VALUE_ARGUMENT = "x"
     #: The call in the forward that splits ``in_proj``'s output into ``B, C, x``.
     GATES_FUNCTION = "BCx_chunk"
 

@@ -91,6 +91,8 @@ class StateSpace(RecurrentMixer):
 
     REFERENCE = "transformers.models.mamba2.modeling_mamba2.Mamba2Mixer"
     FAST = SSD
+    VALUE_ARGUMENT = "x"
+    SKIP = {"betas": 0.0}  # Δ_s = 0: no decay, no write
     EFFECTIVE = SSD_ATTENTION
     CHUNK_FUNCTION = "mamba2_chunk_scan"
     RECURRENT_FUNCTION = "mamba2_selective_state_update"

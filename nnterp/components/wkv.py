@@ -56,7 +56,7 @@ from ..core.dims import BATCH, CHANNELS, CONV_CHANNELS, CONV_WIDTH, SEQ, WKV_PAR
 from ..core.errors import Unavailable
 from ..core.values import DerivedEProperty, Key, check_expected, check_tensor, replace_in
 from ..fast.wkv import EFFECTIVE as WKV_ATTENTION
-from ..fast.wkv import wkv_one_pass
+from ..fast.wkv import EMPTY_MAX, wkv_one_pass
 from ..recurrent.arguments import SAME, kernel_waiting
 from ..recurrent.call import Call
 from ..recurrent.gradients import graft, recording
@@ -224,6 +224,10 @@ class WKV(RecurrentMixer):
             with pinned(call.strategy["first"] + after):
                 getattr(source, label).output = element
         call.strategy.setdefault("continued", {})[after] = torch.stack(state, 1)
+
+    def fresh_state(self) -> torch.Tensor:
+        state = RecurrentMixer.fresh_state(self)
+        return state.index_fill(1, torch.tensor([2], device=state.device), EMPTY_MAX)  # (0, 0, the kernel's empty max)
 
     def _prompt_state_shape(self, call: Call) -> tuple:
         key = call.serve("k")

@@ -26,6 +26,7 @@ import nnterp
 from nnterp.families import REGISTRY, absent
 from tests.suites.caches import Cache
 from tests.suites.checkpoint import OTHER, PROMPT, CheckpointFixtures
+from tests.suites.knockout import KnockoutContract
 
 NEW = 4
 LONG = PROMPT + " " + OTHER + " " + PROMPT  # several of Mamba-2's 8-token chunks, for the fast path
@@ -53,7 +54,7 @@ def recurrent_layers(model) -> list[int]:
     return [i for i, layer in enumerate(model.layers) if layer.linear_attn is not None]
 
 
-class StateContract(CheckpointFixtures):
+class StateContract(KnockoutContract, CheckpointFixtures):
     """Set ``MODEL_TYPE`` (in the family's file) and ``CACHE`` (in the kind's suite)."""
 
     CACHE: Cache = Cache()

@@ -1,0 +1,199 @@
+"""`nnterp.knockout`: an attention layer's knockout, ``model.knockout``, ``support()``'s rows, and state steering.
+
+Oracles: for attention, the plain transformers model in eager attention with
+its ``eager_attention_forward`` rebound for the test to one written here from
+the equation, which edits one layer's weights (``mode="value"``: the softmax
+weight of ``(t, s)`` set to 0 after the softmax, nothing renormalized;
+``mode="mask"``: its score set to ``-inf`` before it); for a recurrent
+mixer's knockout inside ``model.knockout``, the mixer's own knockout (checked
+against its oracles in `tests.suites.knockout`); for the steering vectors,
+states read one prompt at a time.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import nnterp
+from nnterp import InvalidArgument, StandardizedTransformer, Unavailable
+
+PROMPT = "The Eiffel Tower is in the city of Paris"
+ATTENTION_FAMILIES = ["llama", "qwen3_5_text", "mistral"]
+
+
+def _attention_layers(model) -> list[int]:
+    return [i for i, block in enumerate(model.layers) if block.self_attn is not None]
+
+
+def _oracle_eager(layer: int, pairs: list, mode: str, repeat_kv):
+    """An eager attention forward that knocks out ``pairs`` ``(t, s)`` on layer ``layer`` only."""
+
+    def eager(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        key, value = repeat_kv(key, module.num_key_value_groups), repeat_kv(value, module.num_key_value_groups)
+        scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+        if attention_mask is not None:
+            mask = attention_mask[:, :, :, : key.shape[-2]]
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
+        here = module.layer_idx == layer
+        if here and mode == "mask":
+            for t, s in pairs:
+                scores[:, :, t, s] = float("-inf")
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        if here and mode == "value":
+            for t, s in pairs:
+                weights[:, :, t, s] = 0.0
+        return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+    return eager
+
+
+@pytest.fixture(scope="module")
+def eager_models(checkpoint):
+    cache: dict = {}
+
+    def get(model_type):
+        if model_type not in cache:
+            cache[model_type] = StandardizedTransformer(str(checkpoint(model_type)), dispatch=True, device="cpu", enable_attention_probs=True)
+        return cache[model_type]
+
+    return get
+
+
+@pytest.mark.parametrize("model_type", ATTENTION_FAMILIES)
+@pytest.mark.parametrize("mode, targets", [("value", None), ("value", [4, 6]), ("mask", None), ("mask", [5])])
+def test_an_attention_knockout_is_the_eager_forward_with_those_weights_edited(model_type, mode, targets, eager_models, plains, monkeypatch):
+    model = eager_models(model_type)
+    plain = plains(model_type, attn_implementation="eager")
+    layer = _attention_layers(model)[-1]
+    ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
+    seq = ids.shape[1]
+    sources = [1, 3]
+    rows = range(seq) if targets is None else targets
+    pairs = [(t, s) for s in sources for t in rows if t >= s]
+    with torch.no_grad(), model.trace(ids):
+        model.layers[layer].self_attn.knockout(sources, targets=targets, mode=mode)
+        got = model.logits.save()
+    modeling = sys.modules[type(plain.model.layers[layer].self_attn).__module__]
+    monkeypatch.setattr(modeling, "eager_attention_forward", _oracle_eager(layer, pairs, mode, modeling.repeat_kv))
+    with torch.no_grad():
+        expected = plain(ids).logits
+        monkeypatch.undo()
+        clean = plain(ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(got, clean, atol=1e-4), "the knockout changes the logits, so the check bites"
+    first = min(t for t, _ in pairs)
+    torch.testing.assert_close(got[:, :first], clean[:, :first], rtol=1e-5, atol=1e-6)
+
+
+def test_a_mask_knockout_refuses_a_target_with_nothing_left_and_bad_modes(eager_models):
+    model = eager_models("llama")
+    attention = model.layers[_attention_layers(model)[0]].self_attn
+    with pytest.raises(InvalidArgument, match="no key to attend"), torch.no_grad(), model.trace(PROMPT):
+        attention.knockout(0, targets=0, mode="mask")
+    with pytest.raises(InvalidArgument, match="mode must be one of"), torch.no_grad(), model.trace(PROMPT):
+        attention.knockout(0, mode="skip")
+
+
+def test_an_attention_knockout_needs_eager_attention_and_support_says_so(load):
+    model = load("llama")
+    table = model.support()
+    assert "enable_attention_probs=True" in table["self_attn.knockout"][0]
+    with pytest.raises(Unavailable, match="enable_attention_probs=True"), torch.no_grad(), model.trace(PROMPT):
+        model.layers[0].self_attn.knockout(1)
+
+
+def test_support_lists_the_interventions_per_layer_with_their_reasons(load, eager_models):
+    table = load("mamba2").support()
+    assert table["linear_attn.knockout"] is None and table["linear_attn.knockout.skip"] is None
+    assert table["linear_attn.steer_state"] is None
+    hybrid = load("qwen3_5_text")
+    rows = hybrid.support()["self_attn.knockout"]
+    attention = _attention_layers(hybrid)
+    assert sorted(rows) == attention and all("enable_attention_probs=True" in rows[i] for i in attention)
+    assert eager_models("qwen3_5_text").support()["self_attn.knockout"] is None
+    with nnterp.route_kernels(hybrid.family, "torch"):
+        assert hybrid.support()["linear_attn.knockout"] is None
+
+
+def test_model_knockout_is_each_layers_own_knockout(eager_models):
+    model = eager_models("qwen3_5_text")
+    ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
+    with torch.no_grad(), model.trace(ids):
+        model.knockout(2, targets=[3, 5], layers=[0, -1])
+        got = model.logits.save()
+    with torch.no_grad(), model.trace(ids):
+        for index in (0, len(model.layers) - 1):
+            layer = model.layers[index]
+            for part in (layer.linear_attn, layer.self_attn):
+                if part is not None:
+                    part.knockout(2, targets=[3, 5])
+        expected = model.logits.save()
+    assert torch.equal(got, expected)
+    with pytest.raises(InvalidArgument, match="has an attention layer|has a recurrent mixer"), torch.no_grad(), model.trace(ids):
+        model.knockout(1, layers=[0], mode="mask")  # layer 0 is a DeltaNet block
+    with pytest.raises(InvalidArgument, match="mode must be"), torch.no_grad(), model.trace(ids):
+        model.knockout(1, mode="erase")
+
+
+def test_state_steering_vectors_are_the_difference_of_mean_final_states(load):
+    model = load("mamba2")
+    positive, negative = ["The cat sat on the mat", "A dog ran in the park"], ["My favourite food is pizza"]
+    vectors = nnterp.state_steering_vectors(model, positive, negative, batch_size=1, progress=False)
+    layers = [i for i, block in enumerate(model.layers) if block.linear_attn is not None]
+    assert sorted(vectors) == layers
+
+    def final(prompt, layer):
+        with torch.no_grad(), model.trace(prompt):
+            state = model.layers[layer].linear_attn.state_output.save()
+        return state[0].float()
+
+    for layer in layers:
+        expected = sum(final(p, layer) for p in positive) / 2 - final(negative[0], layer)
+        torch.testing.assert_close(vectors[layer], expected, rtol=1e-5, atol=1e-6)
+    with torch.no_grad(), model.trace(PROMPT):
+        model.steer_states({layers[0]: vectors[layers[0]]}, scale=2.0)
+        steered = model.layers[layers[0]].linear_attn.state_output.save()
+    clean = final(PROMPT, layers[0])
+    torch.testing.assert_close(steered[0].float(), clean + 2.0 * vectors[layers[0]], rtol=1e-5, atol=1e-6)
+    with pytest.raises(InvalidArgument, match="no recurrent mixer"):
+        nnterp.state_steering_vectors(load("llama"), positive, negative, layers=[0], progress=False)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "mamba2", "rwkv"])
+def test_a_knockout_in_generate_acts_on_the_prompt_as_in_a_trace(model_type, load):
+    model = load(model_type)
+    mix = next(block.linear_attn for block in model.layers if block.linear_attn is not None)
+    ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
+    with torch.no_grad(), model.trace(ids):
+        clean = model.logits.save()
+    with torch.no_grad(), model.trace(ids):
+        mix.knockout([1, 2])
+        expected = model.logits.save()
+    with torch.no_grad(), model.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=False):
+        mix.knockout([1, 2])
+        got = model.logits.save()  # step 0's: generate keeps the prompt's last position
+    torch.testing.assert_close(got[:, -1], expected[:, -1], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(expected[:, -1], clean[:, -1], atol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "mamba2"])
+@pytest.mark.parametrize("targets", [None, [-1]], ids=["every-target", "last"])
+def test_a_knockout_on_a_left_padded_batch_is_each_prompts_at_its_padded_positions(model_type, targets, load):
+    model = load(model_type)
+    mix = next(block.linear_attn for block in model.layers if block.linear_attn is not None)
+    long, short = PROMPT, "The tower is tall"
+    batch = model.tokenizer([long, short], return_tensors="pt", padding=True)
+    pad = int((batch.attention_mask[1] == 0).sum())
+    assert pad > 0 and batch.attention_mask[1, 0] == 0, "the short prompt is left-padded"
+    s = pad + 1
+    with torch.no_grad(), model.trace([long, short]):
+        mix.knockout(s, targets=targets)
+        got = model.logits.save()
+    for row, prompt, position in ((0, long, s), (1, short, s - pad)):
+        with torch.no_grad(), model.trace(prompt):
+            mix.knockout(position, targets=targets)
+            alone = model.logits.save()
+        torch.testing.assert_close(got[row, -alone.shape[1]:], alone[0], rtol=1e-4, atol=1e-4)
