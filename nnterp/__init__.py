@@ -67,13 +67,14 @@ __all__ = [
     "get_rename_dict",
     "ModuleAccessor",
     "state_steering_vectors",
+    "knockout_sweep",
 ]
 
 
 #: nnterp 1.x's top-level names, imported on first use (``import nnterp`` stays light).
 _ONEX = {"get_rename_dict": "nnterp.rename_utils", "ModuleAccessor": "nnterp.nnsight_utils"}
 #: Toolkit functions, imported on first use too.
-_LAZY = {**_ONEX, "state_steering_vectors": "nnterp.steering"}
+_LAZY = {**_ONEX, "state_steering_vectors": "nnterp.steering", "knockout_sweep": "nnterp.knockout"}
 
 
 def __getattr__(name: str):

@@ -218,6 +218,7 @@ def patch_effect(
     *,
     label: str = "Δ p(target)",
     title: str = "Effect of a state patch on the next token",
+    xlabel: str = "patched position (state after this token)",
 ) -> Any:
     """The effect of a patch on the next-token distribution, across layers.
 
@@ -230,6 +231,7 @@ def patch_effect(
         tokens: labels of the positions (heatmap) or ignored (bars).
         label: what the number is (colorbar / y axis), e.g. ``"Δ p(' Paris')"``.
         title: the figure title.
+        xlabel: what a column is (a knockout sweep's: the source position).
 
     Returns:
         a matplotlib ``Figure``. Heatmaps use a diverging colormap centred on 0:
@@ -266,7 +268,7 @@ def patch_effect(
     image = ax.imshow(grid.numpy(), aspect="auto", cmap=cmap, vmin=-bound, vmax=bound, interpolation="nearest")
     ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
     ax.set_yticks(range(len(labels)), [str(layer) for layer in labels], fontsize=8)
-    ax.set_xlabel("patched position (state after this token)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("layer")
     ax.set_title(title)
     fig.colorbar(image, ax=ax, label=label)

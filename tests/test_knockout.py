@@ -197,3 +197,33 @@ def test_a_knockout_on_a_left_padded_batch_is_each_prompts_at_its_padded_positio
             mix.knockout(position, targets=targets)
             alone = model.logits.save()
         torch.testing.assert_close(got[row, -alone.shape[1]:], alone[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "mamba2"])
+def test_each_knockout_sweep_cell_is_its_single_knockout(model_type, eager_models, tmp_path):
+    model = eager_models(model_type)
+    ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
+    token = int(ids[0, -1])
+
+    def metric(logits):
+        return logits[-1].log_softmax(-1)[token]
+
+    result = nnterp.knockout_sweep(model, PROMPT, metric, sources=[0, 2, -2], layers=[0, -1], batch_size=2, progress=False)
+    assert result.layers == [0, len(model.layers) - 1] and result.positions == [0, 2, ids.shape[1] - 2]
+    assert result.complete and result.done == 6
+    with torch.no_grad(), model.trace(ids):
+        clean = model.logits.save()
+    assert result.clean == pytest.approx(float(metric(clean[0])), abs=1e-6)
+    for row, layer in enumerate(result.layers):
+        for column, s in enumerate(result.positions):
+            with torch.no_grad(), model.trace(ids):
+                model.knockout(s, targets=-1, layers=[layer])
+                alone = model.logits.save()
+            assert result.values[row, column].item() == pytest.approx(float(metric(alone[0])), abs=1e-4)
+    assert result.effects.abs().max() > 1e-4
+    (layer, source, effect), *_ = result.top(1)
+    assert abs(effect) == pytest.approx(result.effects.abs().max().item())
+    assert result.effects[result.layers.index(layer), result.positions.index(source)].item() == pytest.approx(effect)
+    result.plot().savefig(tmp_path / "sweep.png")
+    with pytest.raises(InvalidArgument, match="batch_size"):
+        nnterp.knockout_sweep(model, PROMPT, metric, batch_size=0)

@@ -208,3 +208,29 @@ def test_the_all_linear_deltanet_toy_runs_without_a_cache(models):
         top = model.logits[0, -1].argmax().save()
     assert model.tokenizer.decode(int(top)) == sample.answer
     assert states[0].shape[1] == len(sample.words)
+
+
+#: ``toy: (layer, offset from the queried key)`` where the knockout sweep's top cell sits in >= 95% of samples
+#: (the short convolution lets layer 0 or 1 write the binding two tokens after the key: at the next pair's key);
+#: ``None``: no one place (Mamba-2 spreads it: docs/recipes/knockout-on-a-hybrid.md gives the counts).
+KNOCKOUT_CELL = {"deltanet": (1, 2), "hybrid": (0, 2), "mamba2": None}
+
+
+@pytest.mark.parametrize("name", sorted(KNOCKOUT_CELL))
+def test_the_knockout_sweeps_top_cell_is_where_the_binding_is_written(name):
+    model = StandardizedTransformer(str(toy_checkpoint(name)), dispatch=True, device="cpu", enable_attention_probs=name == "hybrid")
+    task = toy_task(name)
+    rng = random.Random(FRESH)
+    drops, places = [], []
+    for _ in range(N):
+        sample = task.sample(rng)
+        answer = model.tokenizer(sample.answer, add_special_tokens=False).input_ids[0]
+        result = nnterp.knockout_sweep(
+            model, sample.prompt, lambda logits, a=answer: logits[-1].softmax(-1)[a], progress=False, use_cache=False
+        )
+        (layer, source, effect), = result.top(1)
+        drops.append(-effect / result.clean)
+        places.append((layer, source - sample.key_positions[sample.queried]))
+    assert sum(drops) / N >= 0.5, f"knocking out the top cell drops p(answer) by {sum(drops) / N:.0%} on average"
+    if KNOCKOUT_CELL[name] is not None:
+        assert places.count(KNOCKOUT_CELL[name]) >= 0.95 * N, places
