@@ -227,3 +227,118 @@ def test_each_knockout_sweep_cell_is_its_single_knockout(model_type, eager_model
     result.plot().savefig(tmp_path / "sweep.png")
     with pytest.raises(InvalidArgument, match="batch_size"):
         nnterp.knockout_sweep(model, PROMPT, metric, batch_size=0)
+
+
+def _attention_families() -> list[str]:
+    from nnterp.families import REGISTRY, absent
+
+    return sorted(m for m in REGISTRY if absent(m) is None)
+
+
+def _weights_edited(nth: int, pairs: list, original):
+    """``original`` eager attention, with its ``nth`` call's weights at ``pairs`` set to 0 and its output recomputed
+    (calls counted, not ``layer_idx`` read: Zamba2's shared attention block is one module called by several layers)."""
+    calls = []
+
+    def eager(module, query, key, value, *args, **kwargs):
+        out, weights = original(module, query, key, value, *args, **kwargs)
+        calls.append(module)
+        if len(calls) - 1 != nth:
+            return out, weights
+        edited = weights.clone()
+        for t, s in pairs:
+            edited[:, :, t, s] = 0.0
+        values = value.repeat_interleave(weights.shape[1] // value.shape[1], dim=1)
+        recomputed = torch.matmul(edited, values.to(edited.dtype)).transpose(1, 2).contiguous()
+        assert recomputed.shape == out.shape
+        return recomputed.to(out.dtype), edited
+
+    return eager
+
+
+@pytest.mark.parametrize("model_type", _attention_families())
+def test_a_value_knockout_on_every_familys_attention_drops_those_weights(model_type, checkpoint, plains, monkeypatch):
+    model = StandardizedTransformer(str(checkpoint(model_type)), dispatch=True, device="cpu", enable_attention_probs=True)
+    layers = _attention_layers(model)
+    if not layers:
+        pytest.skip(f"{model_type} has no softmax attention layer")
+    plain = plains(model_type, attn_implementation="eager")
+    ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
+    layer, sources, targets = layers[-1], [1, 2], [3, ids.shape[1] - 1]
+    with torch.no_grad(), model.trace(ids):
+        model.layers[layer].self_attn.knockout(sources, targets=targets)
+        got = model.logits.save()
+    modeling = sys.modules[type(plain).__module__]
+    pairs = [(t, s) for s in sources for t in targets]
+    edited = _weights_edited(layers.index(layer), pairs, modeling.eager_attention_forward)
+    monkeypatch.setattr(modeling, "eager_attention_forward", edited)
+    with torch.no_grad():
+        expected = plain(ids).logits
+    monkeypatch.undo()
+    with torch.no_grad():
+        clean = plain(ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(got, clean, atol=1e-5), "the knockout changes the logits"
+
+
+#: ``model type: (the modeling module's prompt kernel, the index of its value argument, that argument's token
+#: axis, its output's token axis)``, read from transformers' source: the reference recurrence the oracle runs.
+KERNELS = {
+    "qwen3_5_text": ("torch_chunk_gated_delta_rule", 2, 1, 1),  # value [b, seq, heads, dv] -> out [b, seq, heads, dv]
+    "mamba2": ("mamba2_chunk_scan", 0, 1, 1),  # x [b, seq, heads, head_dim] -> y [b, seq, heads, head_dim]
+    "mamba": ("mamba_selective_scan", 0, 2, 2),  # x [b, channels, seq] -> y [b, channels, seq]
+}
+
+
+def _zeroed_kernel(original, value_at: int, token_axis: int, output_axis: int, sources: list, targets):
+    """``original`` (a prompt kernel of the plain model) on its first call with the sources' values zeroed; with
+    ``targets``, that run's outputs at the targets and the unedited run's everywhere else (its final state too)."""
+    calls = []
+
+    def kernel(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            return original(*args, **kwargs)
+        zeroed = list(args)
+        value = args[value_at].clone()
+        index = [slice(None)] * value.dim()
+        index[token_axis] = sources
+        value[tuple(index)] = 0
+        zeroed[value_at] = value
+        knocked = original(*zeroed, **kwargs)
+        if targets is None:
+            return knocked
+        clean = original(*args, **kwargs)
+        pick = lambda result: result[0] if isinstance(result, tuple) else result  # noqa: E731
+        spliced = pick(clean).clone()
+        at = [slice(None)] * spliced.dim()
+        at[output_axis] = targets
+        spliced[tuple(at)] = pick(knocked)[tuple(at)]
+        return (spliced, *clean[1:]) if isinstance(clean, tuple) else spliced
+
+    kernel.calls = calls
+    return kernel
+
+
+@pytest.mark.parametrize("model_type", sorted(KERNELS))
+@pytest.mark.parametrize("targets", [None, [4, 6]], ids=["every-target", "targets"])
+def test_a_value_knockout_is_the_reference_recurrence_with_the_sources_values_zeroed(model_type, targets, load, plains, monkeypatch):
+    model, plain = load(model_type), plains(model_type)
+    first = next(i for i, block in enumerate(model.layers) if block.linear_attn is not None)
+    ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
+    sources = [1, 3]
+    with torch.no_grad(), model.trace(ids):
+        model.layers[first].linear_attn.knockout(sources, targets=targets)
+        got = model.logits.save()
+    name, value_at, token_axis, output_axis = KERNELS[model_type]
+    modeling = sys.modules[type(plain).__module__]
+    kernel = _zeroed_kernel(getattr(modeling, name), value_at, token_axis, output_axis, sources, targets)
+    monkeypatch.setattr(modeling, name, kernel)
+    with torch.no_grad():
+        expected = plain(ids).logits
+    monkeypatch.undo()
+    assert kernel.calls, f"the plain forward ran {name}"
+    with torch.no_grad():
+        clean = plain(ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(got, clean, atol=1e-4)
