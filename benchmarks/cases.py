@@ -34,6 +34,9 @@ GENERATE = 32
 #: The fast path measured both ways (issue 17: keep the faster): `states, fast path` is the default, one pass.
 TWO_PASSES = "fast path with one_pass off: the kernel, then a states pass"
 #: The same, on the own strategies with a one pass (its switch per component).
+#: Cells in the knockout-sweep row: its time over the plain forward's, divided by this, is the cost of one cell.
+SWEEP_CELLS = 8
+SWEEP_ROW = f"knockout_sweep, {SWEEP_CELLS} cells of one layer (a batch row per source, targets=-1)"
 OWN_TWO_PASSES = "own strategy with one_pass off: the forward's own recurrence, then a states pass"
 
 
@@ -203,11 +206,34 @@ def methods(plain: Any, model: Any, ids: torch.Tensor, values: list, paths: Path
             logits = model.logits.save()
         return logits
 
+    def knockout(targets):
+        def run():
+            with torch.no_grad(), model.trace(ids):
+                for mix in mixers(model):
+                    mix.knockout(mid, targets=targets)
+                logits = model.logits.save()
+            return logits
+
+        return run
+
+    def sweep_cells():
+        # One layer's cells of `nnterp.knockout_sweep`, as it runs them: a batch row (an invoke) per source.
+        mix, logits = mixers(model)[0], []
+        with torch.no_grad(), model.trace() as tracer:
+            for source in [(mid - 1 - i) % ids.shape[1] for i in range(SWEEP_CELLS)]:
+                with tracer.invoke(ids):
+                    mix.knockout(source, targets=-1)
+                    logits.append(model.logits.save())
+        return logits
+
     found = [
         Method("plain forward", plain_forward),
         Method("nnsight trace, reading nothing", trace_nothing),
         Method("layer_output of every layer", read("layer_output")),
         Method("state_output of every recurrent layer", read("state_output")),
+        Method("knockout(mid) of every recurrent layer, every target", knockout(None)),
+        Method("knockout(mid, targets=-1) of every recurrent layer", knockout(-1)),
+        Method(SWEEP_ROW, sweep_cells),
     ]
     if routed:
         found += [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import models, run
+from benchmarks import cases, models, run
 
 #: The kinds with no fast path, whose states the runner times as their own strategy serves them.
 OWN = ("lightning_attention", "rg_lru", "wkv", "mlstm", "short_convolution")
@@ -69,6 +69,8 @@ def test_every_family_times_its_calls_against_the_plain_forward(results):
             rows = data["rows"]
             assert rows["plain forward"]["ratio"] == pytest.approx(1.0)
             expected = {"nnsight trace, reading nothing", "layer_output of every layer", "state_output of every recurrent layer"}
+            expected |= {"knockout(mid) of every recurrent layer, every target", "knockout(mid, targets=-1) of every recurrent layer"}
+            expected |= {cases.SWEEP_ROW}
             expected |= {"states, own strategy", "set_state_after(mid), own strategy"} if family["own"] else {"states, routed"}
             if family["fast"]:
                 expected |= {"states, fast path", "set_state_after(mid), fast path"}

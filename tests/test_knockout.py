@@ -5,8 +5,13 @@ its ``eager_attention_forward`` rebound for the test to one written here from
 the equation, which edits one layer's weights (``mode="value"``: the softmax
 weight of ``(t, s)`` set to 0 after the softmax, nothing renormalized;
 ``mode="mask"``: its score set to ``-inf`` before it); for a recurrent
-mixer's knockout inside ``model.knockout``, the mixer's own knockout (checked
-against its oracles in `tests.suites.knockout`); for the steering vectors,
+mixer's knockout, transformers' own prompt kernel rebound with the sources'
+values zeroed (``mode="value"``; with targets, that run's outputs at the
+targets spliced into the unedited run's) or the source's update neutralized
+(``mode="skip"``: β = 0 and g = 0 on a DeltaNet, Δ = 0 on Mamba), on the
+gated DeltaNet, Mamba-1 and Mamba-2 (every kind's knockout is checked against
+its effective attention and the plain cache in `tests.suites.knockout`);
+inside ``model.knockout``, each part's own knockout; for the steering vectors,
 states read one prompt at a time.
 """
 
@@ -342,3 +347,53 @@ def test_a_value_knockout_is_the_reference_recurrence_with_the_sources_values_ze
         clean = plain(ids).logits
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
     assert not torch.allclose(got, clean, atol=1e-4)
+
+
+#: ``model type: {argument (index or keyword): (token axis, the value that skips a token)}``: the source's update
+#: neutralized in transformers' own kernel (DeltaNet: β = 0 and log decay g = 0; Mamba: dt = -inf, so Δ = softplus(dt + bias) = 0).
+SKIPS = {
+    "qwen3_5_text": {"g": (1, 0.0), "beta": (1, 0.0)},
+    "mamba2": {1: (1, float("-inf"))},
+    "mamba": {1: (2, float("-inf"))},
+}
+
+
+def _skipping_kernel(original, edits: dict, source: int):
+    calls = []
+
+    def kernel(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            args, kwargs = list(args), dict(kwargs)
+            for where, (axis, filler) in edits.items():
+                holder = args if isinstance(where, int) else kwargs
+                value = holder[where].clone()
+                index = [slice(None)] * value.dim()
+                index[axis] = source
+                value[tuple(index)] = filler
+                holder[where] = value
+        return original(*args, **kwargs)
+
+    kernel.calls = calls
+    return kernel
+
+
+@pytest.mark.parametrize("model_type", sorted(SKIPS))
+def test_a_skip_is_the_reference_recurrence_with_the_sources_update_neutralized(model_type, load, plains, monkeypatch):
+    model, plain = load(model_type), plains(model_type)
+    first = next(i for i, block in enumerate(model.layers) if block.linear_attn is not None)
+    ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
+    with torch.no_grad(), model.trace(ids):
+        model.layers[first].linear_attn.knockout(2, mode="skip")
+        got = model.logits.save()
+    name = KERNELS[model_type][0]
+    modeling = sys.modules[type(plain).__module__]
+    kernel = _skipping_kernel(getattr(modeling, name), SKIPS[model_type], 2)
+    monkeypatch.setattr(modeling, name, kernel)
+    with torch.no_grad():
+        expected = plain(ids).logits
+    monkeypatch.undo()
+    assert kernel.calls
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        assert not torch.allclose(got, plain(ids).logits, atol=1e-4)
