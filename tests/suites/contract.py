@@ -304,3 +304,19 @@ class PaddedBatch:
             torch.testing.assert_close(batch[row, pad:], expected, **self.tol(path, expected, self.STATE_TOL), msg=note(f"row {row}"))
             assert torch.count_nonzero(batch[row, :pad]) == 0, "a padding position carries no state"
         assert width > len(reader.tokenizer(OTHER).input_ids), "the second prompt is the padded one"
+
+    def test_a_knockout_on_a_left_padded_batch_is_each_prompt_alone(self, model):
+        """Positions are the padded sequence's: a row's source ``s`` is its prompt's ``s - pad`` (`tests.suites.knockout`)."""
+        mix = model.layers[recurrent_layers(model)[self.PADDED_LAYER]].linear_attn
+        prompts = [PROMPT, OTHER]
+        batch = model.tokenizer(prompts, return_tensors="pt", padding=True)
+        pads = [int((row == 0).sum()) for row in batch.attention_mask]
+        source = max(pads) + 1
+        with torch.no_grad(), model.trace(prompts):
+            mix.knockout(source, targets=[source, -1])
+            got = model.logits.save()
+        for row, prompt in enumerate(prompts):
+            with torch.no_grad(), model.trace(prompt):
+                mix.knockout(source - pads[row], targets=[source - pads[row], -1])
+                alone = model.logits.save()
+            torch.testing.assert_close(got[row, pads[row]:], alone[0], rtol=1e-4, atol=1e-4, msg=f"row {row}")
