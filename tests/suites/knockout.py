@@ -12,7 +12,9 @@ Oracles:
   it, and the rest fed one token at a time; the states after the source are
   that run's.
 * ``steer_state``: the same cache oracle with the state after ``t`` replaced
-  by the plain forward's state plus ``scale * delta``.
+  by the plain forward's state plus ``scale * delta``; on a decode step of
+  ``generate``, the plain greedy loop with each layer's cached state edited
+  by hand before the next step.
 """
 
 from __future__ import annotations
@@ -134,3 +136,25 @@ class KnockoutContract(CheckpointFixtures):
         assert issubclass(InvalidArgument, ValueError) and issubclass(PositionError, IndexError)
         with pytest.raises(InvalidArgument, match="broadcast"), torch.no_grad(), model.trace(ids):
             mix.steer_state(torch.zeros(7, 3, 5, 11))
+
+    def test_steer_states_on_a_decode_step_generates_like_a_greedy_loop_steered_by_hand(self, model, plain, ids):
+        layers = _layers(model)
+        deltas = {layer: self.donor(model, plain, layer, self.DECODE_SCALE, seed=layer) for layer in layers}
+        new = 4
+        left = {}
+        with torch.no_grad(), model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False) as tracer:
+            for _ in tracer.iter[1]:
+                for layer in layers:
+                    left[layer] = model.layers[layer].linear_attn.state_output.save()  # what decode step 1 leaves
+        with torch.no_grad(), model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False) as tracer:
+            for _ in tracer.iter[1]:
+                model.steer_states(deltas)
+            steered = tracer.result.save()
+
+        def patch(step, cache):
+            if step == 2:  # before the step after it, the cache holds step 1's states
+                for layer in layers:
+                    self.CACHE.write(cache, layer, left[layer] + deltas[layer])
+
+        assert torch.equal(steered, self.CACHE.greedy(plain, ids, new, patch=patch))
+        assert not torch.equal(steered, self.CACHE.greedy(plain, ids, new)), "the steering changes the continuation"
