@@ -8,9 +8,12 @@ weight of ``(t, s)`` set to 0 after the softmax, nothing renormalized;
 mixer's knockout, transformers' own prompt kernel rebound with the sources'
 values zeroed (``mode="value"``; with targets, that run's outputs at the
 targets spliced into the unedited run's) or the source's update neutralized
-(``mode="skip"``: β = 0 and g = 0 on a DeltaNet, Δ = 0 on Mamba), on the
-gated DeltaNet, Mamba-1 and Mamba-2 (every kind's knockout is checked against
-its effective attention and the plain cache in `tests.suites.knockout`);
+(``mode="skip"``: β = 0 and g = 0 on a DeltaNet and Kimi, Δ = 0 on Mamba):
+the value knockout on all nine kinds (the gated DeltaNet, Kimi, Mamba-1/2,
+RWKV-4, the short convolution's and the RG-LRU's scans, the mLSTM's backend,
+lightning attention's values where its forward makes them), the skip on four
+(every kind's knockout is also checked against its effective attention and
+the plain cache, family by family, in `tests.suites.knockout`);
 inside ``model.knockout``, each part's own knockout; for the steering vectors,
 states read one prompt at a time.
 """
@@ -292,6 +295,12 @@ KERNELS = {
     "qwen3_5_text": ("torch_chunk_gated_delta_rule", 2, 1, 1),  # value [b, seq, heads, dv] -> out [b, seq, heads, dv]
     "mamba2": ("mamba2_chunk_scan", 0, 1, 1),  # x [b, seq, heads, head_dim] -> y [b, seq, heads, head_dim]
     "mamba": ("mamba_selective_scan", 0, 2, 2),  # x [b, channels, seq] -> y [b, channels, seq]
+    "kimi_linear": ("chunk_kimi_delta_attention", 2, 1, 1),  # value [b, seq, heads, dv] -> out [b, seq, heads, dv]
+    "rwkv": ("rwkv_linear_attention", 3, 1, 1),  # value [b, seq, channels] -> wkv [b, seq, channels]
+    "lfm2": ("causal_conv1d_fn", 0, 2, 2),  # u = B * x [b, channels, seq] (no cache: the call's tokens only) -> same
+    # Methods, patched on their class: the RG-LRU's scan, the mLSTM's backend (called with keywords).
+    "recurrent_gemma": ("RecurrentGemmaRglru._rnn_scan", "hidden_states", 1, 1),  # [b, seq, lru_width]
+    "xlstm": ("xLSTMBackend.forward", "value", 2, 2),  # value, h [b, heads, seq, dv]
 }
 
 
@@ -304,13 +313,14 @@ def _zeroed_kernel(original, value_at: int, token_axis: int, output_axis: int, s
         calls.append(1)
         if len(calls) > 1:
             return original(*args, **kwargs)
-        zeroed = list(args)
-        value = args[value_at].clone()
+        zeroed, zeroed_kwargs = list(args), dict(kwargs)
+        holder = zeroed if isinstance(value_at, int) else zeroed_kwargs
+        value = holder[value_at].clone()
         index = [slice(None)] * value.dim()
         index[token_axis] = sources
         value[tuple(index)] = 0
-        zeroed[value_at] = value
-        knocked = original(*zeroed, **kwargs)
+        holder[value_at] = value
+        knocked = original(*zeroed, **zeroed_kwargs)
         if targets is None:
             return knocked
         clean = original(*args, **kwargs)
@@ -325,6 +335,16 @@ def _zeroed_kernel(original, value_at: int, token_axis: int, output_axis: int, s
     return kernel
 
 
+def _kernel_owner(plain, name: str) -> tuple:
+    """``(the object holding the kernel, its attribute)``: the modeling module, or a class of it for ``Class.method``."""
+    modeling = sys.modules[type(plain).__module__]
+    if "." not in name:
+        return modeling, name
+    cls, method = name.split(".")
+    owner = getattr(modeling, cls, None) or next(getattr(m, cls) for m in vars(modeling).values() if isinstance(m, type) and hasattr(m, cls))
+    return owner, method
+
+
 @pytest.mark.parametrize("model_type", sorted(KERNELS))
 @pytest.mark.parametrize("targets", [None, [4, 6]], ids=["every-target", "targets"])
 def test_a_value_knockout_is_the_reference_recurrence_with_the_sources_values_zeroed(model_type, targets, load, plains, monkeypatch):
@@ -336,15 +356,15 @@ def test_a_value_knockout_is_the_reference_recurrence_with_the_sources_values_ze
         model.layers[first].linear_attn.knockout(sources, targets=targets)
         got = model.logits.save()
     name, value_at, token_axis, output_axis = KERNELS[model_type]
-    modeling = sys.modules[type(plain).__module__]
-    kernel = _zeroed_kernel(getattr(modeling, name), value_at, token_axis, output_axis, sources, targets)
-    monkeypatch.setattr(modeling, name, kernel)
+    owner, attribute = _kernel_owner(plain, name)
+    kernel = _zeroed_kernel(getattr(owner, attribute), value_at, token_axis, output_axis, sources, targets)
+    monkeypatch.setattr(owner, attribute, kernel)
     with torch.no_grad():
-        expected = plain(ids).logits
+        expected = plain(ids, use_cache=False).logits  # no cache: LFM2's convolution then takes the call's tokens only
     monkeypatch.undo()
     assert kernel.calls, f"the plain forward ran {name}"
     with torch.no_grad():
-        clean = plain(ids).logits
+        clean = plain(ids, use_cache=False).logits
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
     assert not torch.allclose(got, clean, atol=1e-4)
 
@@ -355,6 +375,7 @@ SKIPS = {
     "qwen3_5_text": {"g": (1, 0.0), "beta": (1, 0.0)},
     "mamba2": {1: (1, float("-inf"))},
     "mamba": {1: (2, float("-inf"))},
+    "kimi_linear": {"g": (1, 0.0), "beta": (1, 0.0)},
 }
 
 
@@ -386,10 +407,9 @@ def test_a_skip_is_the_reference_recurrence_with_the_sources_update_neutralized(
     with torch.no_grad(), model.trace(ids):
         model.layers[first].linear_attn.knockout(2, mode="skip")
         got = model.logits.save()
-    name = KERNELS[model_type][0]
-    modeling = sys.modules[type(plain).__module__]
-    kernel = _skipping_kernel(getattr(modeling, name), SKIPS[model_type], 2)
-    monkeypatch.setattr(modeling, name, kernel)
+    owner, attribute = _kernel_owner(plain, KERNELS[model_type][0])
+    kernel = _skipping_kernel(getattr(owner, attribute), SKIPS[model_type], 2)
+    monkeypatch.setattr(owner, attribute, kernel)
     with torch.no_grad():
         expected = plain(ids).logits
     monkeypatch.undo()
@@ -397,3 +417,35 @@ def test_a_skip_is_the_reference_recurrence_with_the_sources_update_neutralized(
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
     with torch.no_grad():
         assert not torch.allclose(got, plain(ids).logits, atol=1e-4)
+
+
+def test_a_lightning_value_knockout_is_the_forward_with_the_sources_values_zeroed(load, plains, monkeypatch):
+    """Lightning attention has no kernel call: its values are zeroed where the forward makes them (``qkv_states``,
+    split per head into q, k, v of ``head_dim`` each after the padding mask is applied)."""
+    model, plain = load("minimax"), plains("minimax")
+    first = next(i for i, block in enumerate(model.layers) if block.linear_attn is not None)
+    ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
+    sources = [1, 3]
+    with torch.no_grad(), model.trace(ids):
+        model.layers[first].linear_attn.knockout(sources)
+        got = model.logits.save()
+    modeling = sys.modules[type(plain).__module__]
+    original, calls = modeling.apply_mask_to_padding_states, []
+    attention = plain.model.layers[first].self_attn
+    width = attention.num_attention_heads * 3 * attention.head_dim
+
+    def masked(states, mask):
+        out = original(states, mask)
+        if out.shape[-1] == width and not calls:
+            calls.append(1)
+            out = out.reshape(*out.shape[:2], attention.num_attention_heads, 3 * attention.head_dim).clone()
+            out[:, sources, :, 2 * attention.head_dim :] = 0
+            out = out.reshape(*out.shape[:2], width)
+        return out
+
+    monkeypatch.setattr(modeling, "apply_mask_to_padding_states", masked)
+    with torch.no_grad():
+        expected = plain(ids).logits
+    monkeypatch.undo()
+    assert calls
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
