@@ -243,46 +243,56 @@ def _attention_families() -> list[str]:
     return sorted(m for m in REGISTRY if absent(m) is None)
 
 
-def _weights_edited(nth: int, pairs: list, original):
-    """``original`` eager attention, with its ``nth`` call's weights at ``pairs`` set to 0 and its output recomputed
-    (calls counted, not ``layer_idx`` read: Zamba2's shared attention block is one module called by several layers)."""
+def _softmax_edited(nth: int, seq: int, pairs: list, mode: str, original):
+    """torch's softmax, with its ``nth`` call over an attention layer's scores (``[batch, heads, seq, keys]``: the
+    eager forward's; an attention sink adds one key) edited at ``pairs``: ``mode="mask"`` sets the scores to
+    ``-inf`` first, ``mode="value"`` the weights to 0 after. Calls are counted, not ``layer_idx`` read: Zamba2's
+    shared attention block is one module called by several layers."""
     calls = []
 
-    def eager(module, query, key, value, *args, **kwargs):
-        out, weights = original(module, query, key, value, *args, **kwargs)
-        calls.append(module)
+    def softmax(scores, *args, **kwargs):
+        shaped = isinstance(scores, torch.Tensor) and scores.dim() == 4 and scores.shape[2] == seq
+        if not (shaped and scores.shape[3] in (seq, seq + 1)):
+            return original(scores, *args, **kwargs)
+        calls.append(1)
         if len(calls) - 1 != nth:
-            return out, weights
-        edited = weights.clone()
-        for t, s in pairs:
-            edited[:, :, t, s] = 0.0
-        values = value.repeat_interleave(weights.shape[1] // value.shape[1], dim=1)
-        recomputed = torch.matmul(edited, values.to(edited.dtype)).transpose(1, 2).contiguous()
-        assert recomputed.shape == out.shape
-        return recomputed.to(out.dtype), edited
+            return original(scores, *args, **kwargs)
+        if mode == "mask":
+            scores = scores.clone()
+            for t, s in pairs:
+                scores[:, :, t, s] = float("-inf")
+        weights = original(scores, *args, **kwargs)
+        if mode == "value":
+            weights = weights.clone()
+            for t, s in pairs:
+                weights[:, :, t, s] = 0.0
+        return weights
 
-    return eager
+    softmax.calls = calls
+    return softmax
 
 
 @pytest.mark.parametrize("model_type", _attention_families())
-def test_a_value_knockout_on_every_familys_attention_drops_those_weights(model_type, checkpoint, plains, monkeypatch):
+@pytest.mark.parametrize("mode", ["value", "mask"])
+def test_an_attention_knockout_on_every_family_is_its_eager_softmax_edited(model_type, mode, checkpoint, plains, monkeypatch):
     model = StandardizedTransformer(str(checkpoint(model_type)), dispatch=True, device="cpu", enable_attention_probs=True)
     layers = _attention_layers(model)
     if not layers:
         pytest.skip(f"{model_type} has no softmax attention layer")
     plain = plains(model_type, attn_implementation="eager")
     ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
-    layer, sources, targets = layers[-1], [1, 2], [3, ids.shape[1] - 1]
+    seq = ids.shape[1]
+    layer, sources, targets = layers[-1], [1, 2], [3, seq - 1]
     with torch.no_grad(), model.trace(ids):
-        model.layers[layer].self_attn.knockout(sources, targets=targets)
+        model.layers[layer].self_attn.knockout(sources, targets=targets, mode=mode)
         got = model.logits.save()
-    modeling = sys.modules[type(plain).__module__]
     pairs = [(t, s) for s in sources for t in targets]
-    edited = _weights_edited(layers.index(layer), pairs, modeling.eager_attention_forward)
-    monkeypatch.setattr(modeling, "eager_attention_forward", edited)
+    softmax = _softmax_edited(layers.index(layer), seq, pairs, mode, torch.nn.functional.softmax)
+    monkeypatch.setattr(torch.nn.functional, "softmax", softmax)
     with torch.no_grad():
         expected = plain(ids).logits
     monkeypatch.undo()
+    assert len(softmax.calls) == len(layers), "one softmax over scores per attention layer"
     with torch.no_grad():
         clean = plain(ids).logits
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
