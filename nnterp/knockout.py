@@ -38,6 +38,7 @@ import torch
 
 from .core.errors import InvalidArgument, WrongType
 from .core.indices import layer_indices
+from .plot import patch_effect
 from .recurrent.knockout import as_positions
 
 
@@ -107,8 +108,6 @@ class KnockoutSweepResult:
 
     def plot(self, label: str = "Δ metric", title: str = "Effect of a knockout on the metric") -> Any:
         """A heatmap, layers × source positions (`nnterp.plot.patch_effect`), beside `patch_sweep`'s."""
-        from .plot import patch_effect
-
         return patch_effect(self, label=label, title=title, xlabel="knocked-out source position")
 
 

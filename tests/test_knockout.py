@@ -29,7 +29,7 @@ import nnterp
 from nnterp import InvalidArgument, StandardizedTransformer, Unavailable
 
 PROMPT = "The Eiffel Tower is in the city of Paris"
-ATTENTION_FAMILIES = ["llama", "qwen3_5_text", "mistral"]
+ATTENTION_FAMILIES = ["llama", "qwen3_5_text"]  # a plain family and a hybrid; every family below, by its softmax
 
 
 def _attention_layers(model) -> list[int]:
@@ -170,7 +170,7 @@ def test_state_steering_vectors_are_the_difference_of_mean_final_states(load):
         nnterp.state_steering_vectors(load("llama"), positive, negative, layers=[0], progress=False)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_5_text", "mamba2", "rwkv"])
+@pytest.mark.parametrize("model_type", ["mamba2", "rwkv"])
 def test_a_knockout_in_generate_acts_on_the_prompt_as_in_a_trace(model_type, load):
     model = load(model_type)
     mix = next(block.linear_attn for block in model.layers if block.linear_attn is not None)
@@ -299,18 +299,18 @@ def test_an_attention_knockout_on_every_family_is_its_eager_softmax_edited(model
     assert not torch.allclose(got, clean, atol=1e-5), "the knockout changes the logits"
 
 
-#: ``model type: (the modeling module's prompt kernel, the index of its value argument, that argument's token
+#: ``component: (the modeling module's prompt kernel, the index of its value argument, that argument's token
 #: axis, its output's token axis)``, read from transformers' source: the reference recurrence the oracle runs.
 KERNELS = {
-    "qwen3_5_text": ("torch_chunk_gated_delta_rule", 2, 1, 1),  # value [b, seq, heads, dv] -> out [b, seq, heads, dv]
-    "mamba2": ("mamba2_chunk_scan", 0, 1, 1),  # x [b, seq, heads, head_dim] -> y [b, seq, heads, head_dim]
-    "mamba": ("mamba_selective_scan", 0, 2, 2),  # x [b, channels, seq] -> y [b, channels, seq]
-    "kimi_linear": ("chunk_kimi_delta_attention", 2, 1, 1),  # value [b, seq, heads, dv] -> out [b, seq, heads, dv]
-    "rwkv": ("rwkv_linear_attention", 3, 1, 1),  # value [b, seq, channels] -> wkv [b, seq, channels]
-    "lfm2": ("causal_conv1d_fn", 0, 2, 2),  # u = B * x [b, channels, seq] (no cache: the call's tokens only) -> same
+    "LinearAttention": ("torch_chunk_gated_delta_rule", 2, 1, 1),  # value [b, seq, heads, dv] -> out [b, seq, heads, dv]
+    "StateSpace": ("mamba2_chunk_scan", 0, 1, 1),  # x [b, seq, heads, head_dim] -> y [b, seq, heads, head_dim]
+    "SelectiveScan": ("mamba_selective_scan", 0, 2, 2),  # x [b, channels, seq] -> y [b, channels, seq]
+    "KimiDeltaAttention": ("chunk_kimi_delta_attention", 2, 1, 1),  # value [b, seq, heads, dv] -> out [b, seq, heads, dv]
+    "WKV": ("rwkv_linear_attention", 3, 1, 1),  # value [b, seq, channels] -> wkv [b, seq, channels]
+    "ShortConvolution": ("causal_conv1d_fn", 0, 2, 2),  # u = B * x [b, channels, seq] (no cache: the call's tokens only) -> same
     # Methods, patched on their class: the RG-LRU's scan, the mLSTM's backend (called with keywords).
-    "recurrent_gemma": ("RecurrentGemmaRglru._rnn_scan", "hidden_states", 1, 1),  # [b, seq, lru_width]
-    "xlstm": ("xLSTMBackend.forward", "value", 2, 2),  # value, h [b, heads, seq, dv]
+    "RGLRU": ("RecurrentGemmaRglru._rnn_scan", "hidden_states", 1, 1),  # [b, seq, lru_width]
+    "MLSTM": ("xLSTMBackend.forward", "value", 2, 2),  # value, h [b, heads, seq, dv]
 }
 
 
@@ -345,6 +345,13 @@ def _zeroed_kernel(original, value_at: int, token_axis: int, output_axis: int, s
     return kernel
 
 
+def _family_of(component: str) -> str:
+    """The first family of the registry whose mixer is ``component`` (the kind's subject)."""
+    from nnterp.families import families
+
+    return next(f.MODEL_TYPES[0] for f in families() if f.MIXER is not None and f.MIXER.__name__ == component)
+
+
 def _kernel_owner(plain, name: str) -> tuple:
     """``(the object holding the kernel, its attribute)``: the modeling module, or a class of it for ``Class.method``."""
     modeling = sys.modules[type(plain).__module__]
@@ -355,17 +362,17 @@ def _kernel_owner(plain, name: str) -> tuple:
     return owner, method
 
 
-@pytest.mark.parametrize("model_type", sorted(KERNELS))
+@pytest.mark.parametrize("component", sorted(KERNELS))
 @pytest.mark.parametrize("targets", [None, [4, 6]], ids=["every-target", "targets"])
-def test_a_value_knockout_is_the_reference_recurrence_with_the_sources_values_zeroed(model_type, targets, load, plains, monkeypatch):
-    model, plain = load(model_type), plains(model_type)
+def test_a_value_knockout_is_the_reference_recurrence_with_the_sources_values_zeroed(component, targets, load, plains, monkeypatch):
+    model, plain = load(_family_of(component)), plains(_family_of(component))
     first = next(i for i, block in enumerate(model.layers) if block.linear_attn is not None)
     ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
     sources = [1, 3]
     with torch.no_grad(), model.trace(ids):
         model.layers[first].linear_attn.knockout(sources, targets=targets)
         got = model.logits.save()
-    name, value_at, token_axis, output_axis = KERNELS[model_type]
+    name, value_at, token_axis, output_axis = KERNELS[component]
     owner, attribute = _kernel_owner(plain, name)
     kernel = _zeroed_kernel(getattr(owner, attribute), value_at, token_axis, output_axis, sources, targets)
     monkeypatch.setattr(owner, attribute, kernel)
@@ -379,13 +386,13 @@ def test_a_value_knockout_is_the_reference_recurrence_with_the_sources_values_ze
     assert not torch.allclose(got, clean, atol=1e-4)
 
 
-#: ``model type: {argument (index or keyword): (token axis, the value that skips a token)}``: the source's update
+#: ``component: {argument (index or keyword): (token axis, the value that skips a token)}``: the source's update
 #: neutralized in transformers' own kernel (DeltaNet: β = 0 and log decay g = 0; Mamba: dt = -inf, so Δ = softplus(dt + bias) = 0).
 SKIPS = {
-    "qwen3_5_text": {"g": (1, 0.0), "beta": (1, 0.0)},
-    "mamba2": {1: (1, float("-inf"))},
-    "mamba": {1: (2, float("-inf"))},
-    "kimi_linear": {"g": (1, 0.0), "beta": (1, 0.0)},
+    "LinearAttention": {"g": (1, 0.0), "beta": (1, 0.0)},
+    "StateSpace": {1: (1, float("-inf"))},
+    "SelectiveScan": {1: (2, float("-inf"))},
+    "KimiDeltaAttention": {"g": (1, 0.0), "beta": (1, 0.0)},
 }
 
 
@@ -409,16 +416,16 @@ def _skipping_kernel(original, edits: dict, source: int):
     return kernel
 
 
-@pytest.mark.parametrize("model_type", sorted(SKIPS))
-def test_a_skip_is_the_reference_recurrence_with_the_sources_update_neutralized(model_type, load, plains, monkeypatch):
-    model, plain = load(model_type), plains(model_type)
+@pytest.mark.parametrize("component", sorted(SKIPS))
+def test_a_skip_is_the_reference_recurrence_with_the_sources_update_neutralized(component, load, plains, monkeypatch):
+    model, plain = load(_family_of(component)), plains(_family_of(component))
     first = next(i for i, block in enumerate(model.layers) if block.linear_attn is not None)
     ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
     with torch.no_grad(), model.trace(ids):
         model.layers[first].linear_attn.knockout(2, mode="skip")
         got = model.logits.save()
-    owner, attribute = _kernel_owner(plain, KERNELS[model_type][0])
-    kernel = _skipping_kernel(getattr(owner, attribute), SKIPS[model_type], 2)
+    owner, attribute = _kernel_owner(plain, KERNELS[component][0])
+    kernel = _skipping_kernel(getattr(owner, attribute), SKIPS[component], 2)
     monkeypatch.setattr(owner, attribute, kernel)
     with torch.no_grad():
         expected = plain(ids).logits
