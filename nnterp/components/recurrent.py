@@ -40,7 +40,7 @@ from ..recurrent import arguments, per_token
 from ..recurrent.call import Call
 from ..recurrent.gradient_support import gradient_reasons
 from ..recurrent.kernels import drill, modeling_of, needs_torch_kernels, original_body, runs_pure_torch
-from ..recurrent.labels import Label, cache_test, call_label, state_label
+from ..recurrent.labels import Label, cache_test, call_label, state_label, without_labels
 from ..recurrent.no_cache import final_state_reason
 from ..recurrent.per_token.loop import needs_recurrent_routing
 from ..recurrent.routing import route_delta_rule, route_kernels, track  # noqa: F401  (documented here)
@@ -118,7 +118,7 @@ class RecurrentMixer(Standard):
 
     def __getstate__(self) -> dict:
         # Pickled only to travel with a remote request: the copy a server rebuilds runs where routing cannot reach.
-        state = super(RecurrentMixer, self).__getstate__()
+        state = without_labels(type(self), super(RecurrentMixer, self).__getstate__())
         state[REMOTE] = True
         return state
 
