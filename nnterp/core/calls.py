@@ -74,6 +74,18 @@ def per_call(envoy: Any, key: str, compute: Callable[[], Any]) -> Any:
     return value
 
 
+def once_per_call(envoy: Any, key: str, compute: Callable[[Any], Any]) -> Any:
+    """``compute(envoy)``, remembered per call (`per_call`) inside a trace; outside one (``support()``), computed.
+
+    For what cannot change during a call but is asked several times per access
+    (why a value is unavailable: its check, then its strategy's).
+    """
+    ref = getattr(getcurrent(), "mediator", None)
+    if ref is None or ref() is None:
+        return compute(envoy)
+    return per_call(envoy, key, lambda: compute(envoy))
+
+
 def forget(envoy: Any, key: str) -> None:
     """Drop the record ``per_call`` keeps for ``(envoy, key)`` on this worker."""
     getcurrent().__dict__.get(RECORDS, {}).pop((envoy.path, key), None)

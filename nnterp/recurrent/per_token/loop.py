@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ...core.calls import mediator, pinned
+from ...core.calls import mediator, once_per_call, pinned
 from ...core.errors import Unavailable
 from ...core.values import check_expected
 from ..call import KERNEL_RAN, Call
@@ -68,7 +68,8 @@ class TokenLoop(PerToken):
     name = "token loop"
 
     def unavailable(self, mixer: Mixer) -> str | None:
-        return needs_recurrent_routing(mixer)
+        # Asked by the value's check, then here: resolved once per call (settings and routing hold during a trace).
+        return once_per_call(mixer, "token loop: unavailable", needs_recurrent_routing)
 
     def require(self, mixer: Mixer, what: str) -> Call:
         reason = self.unavailable(mixer)
