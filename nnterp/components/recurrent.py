@@ -354,10 +354,9 @@ class RecurrentMixer(Standard):
         """The source of the token loop inside kernel call ``op`` (RWKV's kernel calls its loop: one level further)."""
         return drill(op)
 
-    def token_state(self, call: Call, occurrence: int | None) -> torch.Tensor:
-        """The state bound at ``occurrence`` of the state op (``None``: the next one), as `states` serves it."""
-        with pinned(occurrence):
-            return call.strategy["op"].output
+    #: ``token_state(call, occurrence)``, a kind's own read of one token's state (`Mixer.token_state`), or ``None``:
+    #: the state op's output there, read by the token loop itself.
+    token_state: Callable | None = None
 
     def token_ops(self, call: Call, position: int) -> list:
         """The ops `token_state` reads the state after ``position`` from: the order check asks that none has passed it."""

@@ -91,6 +91,24 @@ def forget(envoy: Any, key: str) -> None:
     getcurrent().__dict__.get(RECORDS, {}).pop((envoy.path, key), None)
 
 
+def outputs_at(node: Any, occurrences: Any) -> list:
+    """``node.output`` at each of ``occurrences`` in turn, as ``with pinned(n): node.output`` reads each one.
+
+    One pass for a run of pinned reads of one location (the state after every
+    token); the worker's pin is restored on the way out.
+    """
+    med = mediator("a pinned read")
+    previous = med.iteration
+    found = []
+    try:
+        for n in occurrences:
+            med.iteration = n
+            found.append(node.output)
+    finally:
+        med.iteration = previous
+    return found
+
+
 class pinned:  # noqa: N801  (used as a function: ``with pinned(n):``)
     """Pin this worker's reads to occurrence ``n`` of their location, as ``tracer.iter[n]`` does.
 
