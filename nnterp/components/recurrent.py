@@ -179,12 +179,12 @@ class RecurrentMixer(Standard):
         for everything else (several tokens over a cached state included). It is applied to the call's inputs,
         which fire on every call, so a step of ``tracer.iter`` is pinned by its first read whatever is read first.
         """
-        def choose() -> str:
-            call = envoy._call()
-            return envoy.RECURRENT_KERNEL if call["continues"] and call["seq"] == 1 else envoy.CHUNK_KERNEL
-
         envoy.kernel_source()  # instrument the forward before it runs; see routing for why the moment matters
-        return per_call(envoy, "kernel", choose)
+        return per_call(envoy, "kernel", lambda: envoy.kernel_of(envoy._call()))
+
+    def kernel_of(self, entry: dict) -> str:
+        """`KERNEL`'s test on a call's entry (`Call.entry`): one token over a cached state decodes."""
+        return self.RECURRENT_KERNEL if entry["continues"] and entry["seq"] == 1 else self.CHUNK_KERNEL
 
     @staticmethod
     def kernel(attribute: str) -> Key:
@@ -201,7 +201,8 @@ class RecurrentMixer(Standard):
         whether the decode kernel fired)."""
 
         def make() -> Call:
-            kernel, entry = self.KERNEL(self), self._call()
+            entry = self._call()  # reads the mixer's input: instruments the call source first (`KERNEL`)
+            kernel = self.kernel_of(entry)
             decodes, op = entry.get("decodes", kernel == self.RECURRENT_KERNEL), getattr(self.kernel_source(), kernel)
             return Call.at_start(self, kernel, op, decodes, entry["kernels"][kernel], self.SEQ_ARGUMENT)
 

@@ -60,6 +60,9 @@ ONE_TOKEN_PER_HEAD = Layout(
     lambda v, e: v[:, 0, :, None].expand_as(e),
 )
 
+#: ``[batch, heads, seq, ...]``, heads first (the mLSTM backend's q, k, v and gates); written back contiguous.
+HEADS_FIRST = Layout("[batch, heads, seq, ...]", lambda e: e.transpose(1, 2), lambda v, e: v.transpose(1, 2).contiguous())
+
 #: ``{name: (where, layout)}``: one kernel's signature table.
 Signature = dict
 
@@ -76,15 +79,17 @@ def serve(table: Signature, name: str, call: tuple) -> Any:
 def serve_all(table: Signature, call: tuple) -> dict:
     """Every argument of ``table`` by name, tokens first, as `serve` serves each (one pass over the call)."""
     elements = select_all(call, [where for where, _ in table.values()])
-    return {name: tokens_first(element, layout) for (name, (_, layout)), element in zip(table.items(), elements)}
+    marks = torch.is_grad_enabled()  # once for every argument: without autograd no view is marked
+    return {name: tokens_first(element, layout, marks) for (name, (_, layout)), element in zip(table.items(), elements)}
 
 
-def tokens_first(element: Any, layout: Layout) -> Any:
-    """A kernel argument in the served layout: a tensor seen through ``layout``, anything else as it is."""
-    if not isinstance(element, torch.Tensor):
+def tokens_first(element: Any, layout: Layout, marks: bool = True) -> Any:
+    """A kernel argument in the served layout: a tensor seen through ``layout``, anything else as it is
+    (``marks=False``: autograd records nothing now, so `on_the_path` has nothing to mark)."""
+    if not isinstance(element, torch.Tensor) or layout is SAME:
         return element
     # Another layout is a view of what the kernel consumes: its .grad is read off that tensor's.
-    return element if layout is SAME else on_the_path(layout.read(element))
+    return on_the_path(layout.read(element)) if marks else layout.read(element)
 
 
 def own_nodes(call: Any, table: Signature) -> bool:

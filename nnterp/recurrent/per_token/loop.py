@@ -150,7 +150,7 @@ class TokenLoop(PerToken):
         if call.strategy or call.furthest is not None:
             return None  # something per-token already read or written in this call: the loop serves it
         shape = call.expected[0]
-        arguments = {name: call.serve(name) for name in call.table}
+        arguments = dict(call.serve_all())
         out = one_pass(mixer, call, own, arguments, (shape[0], call.seq, *shape[1:]))
         if out is not None:
             call.strategy[ONE_PASS_STATES] = out
