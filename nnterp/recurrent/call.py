@@ -317,17 +317,18 @@ class Call:
         """Raise unless the kernel call has not started: arguments are read and written, and states found, before it runs."""
         self.check_reachable(f"{self.op.path}.input", self.started, what, passed)
 
-    def check_open(self, what: str) -> None:
+    def check_open(self, what: str, med: Any = None) -> None:
         """Raise unless the kernel call has not returned yet."""
-        self.check_reachable(f"{self.op.path}.output", self.output_at, what, "the kernel had returned (state_output or a later value was read)")
+        self.check_reachable(f"{self.op.path}.output", self.output_at, what, "the kernel had returned (state_output or a later value was read)", med)
 
     def reach(self, position: int, what: str, ops: Any, first: int) -> None:
         """Raise unless the run can still reach occurrence ``first + position`` of every op in ``ops`` (one op, or
         the ops one token's state is read from, in any order); then record it as reached."""
-        self.check_open(what)
+        med = mediator()
+        self.check_open(what, med)
         earlier = self.furthest[1] if self.furthest is not None else "an earlier read"
         for op in ops if isinstance(ops, (list, tuple)) else (ops,):
-            self.check_reachable(f"{op.path}.output", first + position, what, f"{earlier} had moved the run past token {position}")
+            self.check_reachable(f"{op.path}.output", first + position, what, f"{earlier} had moved the run past token {position}", med)
         self.advance(position, what)
 
     def advance(self, position: int, what: str) -> None:

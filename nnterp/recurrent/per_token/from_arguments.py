@@ -107,7 +107,7 @@ class FromArguments(PerToken):
         cls = type(mixer)
         if ONE_PASS and cls.FAST.ring and runs_pure_torch(mixer) and not recording(initial):
             arguments = piece(cls.FAST, call.strategy["named"], lo, hi, initial)
-            if not any(recording(x) for x in arguments.values()):
+            if not torch.is_grad_enabled() or not any(recording(x) for x in arguments.values()):  # (asked once when off)
                 # transformers' torch kernel is slower than this pass (a token loop, a chunk scan); two slots keep
                 # the last state only.
                 shape = cls.FAST.state_shape(arguments)

@@ -118,10 +118,10 @@ class TokenLoop(PerToken):
         return kept
 
     @staticmethod
-    def _rest(call: Call) -> list:
-        """The states after tokens ``1 .. seq - 1``, read in one pass of pinned reads of the state op."""
+    def _rest(call: Call, start: int) -> list:
+        """The states after tokens ``start .. seq - 1``, read in one pass of pinned reads of the state op."""
         first = call.strategy["first"]
-        rest = outputs_at(call.strategy["op"], range(first + 1, first + call.seq))
+        rest = outputs_at(call.strategy["op"], range(first + start, first + call.seq))
         call.strategy["kept"] = (call.seq - 1, rest[-1])
         return rest
 
@@ -168,8 +168,12 @@ class TokenLoop(PerToken):
         out: list = []
         collect = None
         for position in range(call.seq):
-            if position == 1 and collect is None and mixer.token_state is None:
-                out += self._rest(call)  # no tap to add between tokens, no hook: the rest in one pass
+            if collect is None and mixer.token_state is None and self._kept(call, position) is None and (
+                position or not torch.is_grad_enabled()
+            ):
+                # No tap goes between tokens (autograd is off, or token 0 needed none) and the kind has no hook of
+                # its own: the state op's outputs from here on, in one pass.
+                out += self._rest(call, position)
                 break
             state = self._pinned(call, position)
             out.append(state)
