@@ -232,8 +232,8 @@ class MLSTM(RecurrentMixer):
     # -- the state entering and leaving the call, packed -----------------------------------
 
     def _read_state_input(self) -> torch.Tensor | None:
-        state = self.record().serve("state")  # a new tensor: the cache's buffers are overwritten after the call
-        return None if state is None or not bool(state.any()) else state
+        state = self.record().serve("state")  # packed once per call, before the cache's buffers are overwritten
+        return None if state is None or not bool(state.any()) else state.clone()  # a copy, the record's stays as served
 
     def _write_state_input(self, value: Any) -> None:
         call = self.record()

@@ -30,7 +30,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..core.calls import mediator, per_call, pinned
+from ..core.calls import mediator, once_per_call, per_call, pinned
 from ..core.dims import BATCH, MIXER_HEADS, SEQ, Hidden, State, States, Values
 from ..core.errors import InvalidArgument, Unavailable
 from ..core.standard import Standard
@@ -51,6 +51,8 @@ __all__ = [
     "route_kernels", "route_delta_rule", "per_call", "pinned",
 ]
 
+#: The per-call record key of the mixer's strategy (`per_token.strategy_for`, once per call: settings hold in a trace).
+STRATEGY = "per-token strategy"
 #: ``[batch, mixer_heads, seq, seq]``: rows are the output's tokens t, columns the values' tokens s.
 EffectiveAttention = Float[Tensor, f"{BATCH} {MIXER_HEADS} {SEQ} {SEQ}"]
 
@@ -321,7 +323,7 @@ class RecurrentMixer(Standard):
     def state_after(self, t: int) -> torch.Tensor:
         """The state after token ``t`` of this call (negative ``t`` counts from the end): as ``for _ in
         tracer.iter[t]: mix.state`` on a prompt, and one that counts from the call's own first token on a decode step."""
-        return per_token.strategy_for(self).state_after(self, t)
+        return once_per_call(self, STRATEGY, per_token.strategy_for).state_after(self, t)
 
     def states_of(self, positions: Any) -> torch.Tensor:
         """The states after tokens ``positions`` of this call only, ``[batch, len(positions), ...state]``, float32.
@@ -335,7 +337,7 @@ class RecurrentMixer(Standard):
         """
         if type(self).state_after is not RecurrentMixer.state_after:  # a kind's own state_after (a window, a method's loop)
             return per_token.OWN_STATE_AFTER.states_of(self, positions)
-        return per_token.strategy_for(self).states_of(self, positions)
+        return once_per_call(self, STRATEGY, per_token.strategy_for).states_of(self, positions)
 
     def set_state_after(self, t: int, value: torch.Tensor) -> None:
         """Assign the state after token ``t``: the tokens after it continue from ``value``.
@@ -347,7 +349,7 @@ class RecurrentMixer(Standard):
         in the same trace, read positions before ``t`` before the write and positions after it afterwards;
         `states` (every position) only before it.
         """
-        per_token.strategy_for(self).set_state_after(self, t, value)
+        once_per_call(self, STRATEGY, per_token.strategy_for).set_state_after(self, t, value)
 
     # -- the hooks a strategy calls (`nnterp.recurrent.per_token.protocol.Mixer`), defaults a kind overrides --
 
@@ -355,8 +357,7 @@ class RecurrentMixer(Standard):
         """The source of the token loop inside kernel call ``op`` (RWKV's kernel calls its loop: one level further)."""
         return drill(op)
 
-    #: ``token_state(call, occurrence)``, a kind's own read of one token's state (`Mixer.token_state`), or ``None``:
-    #: the state op's output there, read by the token loop itself.
+    #: A kind's own ``token_state(call, occurrence)`` (`Mixer.token_state`), or ``None``: the token loop reads the op.
     token_state: Callable | None = None
 
     def token_ops(self, call: Call, position: int) -> list:

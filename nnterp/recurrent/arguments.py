@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..core.values import check_tensor, replace_in, select_all, select_from
-from ..fast.step import step_size
+from ..fast.step import served_step_size
 from .gradients import graft, on_the_path, recording
 
 Where = int | str
@@ -146,8 +146,7 @@ def keep_unchanged(new: torch.Tensor, served: torch.Tensor, computed: torch.Tens
 
 def served_step(mixer: Any) -> torch.Tensor:
     """Δ of a Mamba mixer's call, tokens first, from its ``dt``, ``dt_bias``, ``dt_softplus`` (and ``dt_limit``)."""
-    call = mixer.record()
-    return step_size(call.serve("dt"), call.serve("dt_bias"), bool(call.serve("dt_softplus")), call.serve("dt_limit"))
+    return served_step_size(mixer.record().serve_all())
 
 
 def kernel_waiting(mixer: Any) -> bool:
