@@ -71,7 +71,7 @@ from ..core.errors import Unavailable
 from ..core.values import DerivedEProperty, Unwrap, check_expected, replace_in
 from ..fast.mlstm import EFFECTIVE as MLSTM_ATTENTION
 from ..fast.mlstm import mlstm_one_pass, pack, unpack
-from ..recurrent.arguments import SAME, Layout, kernel_waiting
+from ..recurrent.arguments import HEADS_FIRST, SAME, kernel_waiting
 from ..recurrent.call import Call
 from ..recurrent.gradients import graft, recording
 from ..recurrent.kernels import modeling_of, needs_torch_kernels
@@ -82,9 +82,6 @@ from .recurrent import RecurrentMixer, kernel, kernel_argument
 Keys = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {KEY_DIM}"]
 PackedState = Float[Tensor, f"{BATCH} {MIXER_HEADS} {KEY_DIM} {STATE_COLUMNS}"]
 PackedStates = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {KEY_DIM} {STATE_COLUMNS}"]
-
-#: ``[batch, heads, seq, ...]``, heads first (the backend's q, k, v and gates); written back contiguous.
-HEADS_FIRST = Layout("[batch, heads, seq, ...]", lambda e: e.transpose(1, 2), lambda v, e: v.transpose(1, 2).contiguous())
 
 _NO_CACHE = (
     "this call runs without a cache, so its final state carries on nowhere (the backend returns one all the same): "
@@ -237,8 +234,8 @@ class MLSTM(RecurrentMixer):
     # -- the state entering and leaving the call, packed -----------------------------------
 
     def _read_state_input(self) -> torch.Tensor | None:
-        state = self.record().serve("state")  # a new tensor: the cache's buffers are overwritten after the call
-        return None if state is None or not bool(state.any()) else state
+        state = self.record().serve("state")  # packed once per call, before the cache's buffers are overwritten
+        return None if state is None or not bool(state.any()) else state.clone()  # a copy, the record's stays as served
 
     def _write_state_input(self, value: Any) -> None:
         call = self.record()

@@ -30,7 +30,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..core.calls import mediator, per_call, pinned
+from ..core.calls import mediator, once_per_call, per_call, pinned
 from ..core.dims import BATCH, MIXER_HEADS, SEQ, Hidden, State, States, Values
 from ..core.errors import InvalidArgument, Unavailable
 from ..core.standard import Standard
@@ -41,7 +41,7 @@ from ..recurrent.call import Call
 from ..recurrent.gradient_support import gradient_reasons
 from ..recurrent.kernels import drill, modeling_of, needs_torch_kernels, original_body, runs_pure_torch
 from ..recurrent.knockout import RecurrenceInterventions
-from ..recurrent.labels import Label, cache_test, call_label, state_label
+from ..recurrent.labels import Label, cache_test, call_label, state_label, without_labels
 from ..recurrent.no_cache import final_state_reason
 from ..recurrent.per_token.loop import needs_recurrent_routing
 from ..recurrent.routing import route_delta_rule, route_kernels, track  # noqa: F401  (documented here)
@@ -52,6 +52,8 @@ __all__ = [
     "route_kernels", "route_delta_rule", "per_call", "pinned",
 ]
 
+#: The per-call record key of the mixer's strategy (`per_token.strategy_for`, once per call: settings hold in a trace).
+STRATEGY = "per-token strategy"
 #: ``[batch, mixer_heads, seq, seq]``: rows are the output's tokens t, columns the values' tokens s.
 EffectiveAttention = Float[Tensor, f"{BATCH} {MIXER_HEADS} {SEQ} {SEQ}"]
 
@@ -97,9 +99,8 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
     SEQ_ARGUMENT: str = "q"
     #: Which element of the kernel's return is the final state.
     FINAL_STATE = 1
-    #: Whether the forward also uses, outside the kernel, tensors it passes the kernel in another layout than served
-    #: (Mamba-1's ``x`` feeds ``x_proj``): under autograd the kernel then gets its own node of each
-    #: (`nnterp.recurrent.arguments.own_nodes`), so a served view's ``.grad`` is the kernel's path alone.
+    #: Whether the forward also uses, outside the kernel, tensors it passes the kernel in another layout than served (Mamba-1's
+    #: ``x`` feeds ``x_proj``): the kernel then gets its own node of each under autograd (`arguments.own_nodes`).
     SHARED_ARGUMENTS = False
     #: Whether the forward must ask the cache by name (a release that stops doing so fails at the label lookup).
     CACHE_TEST_REQUIRED = False
@@ -119,7 +120,7 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
 
     def __getstate__(self) -> dict:
         # Pickled only to travel with a remote request: the copy a server rebuilds runs where routing cannot reach.
-        state = super(RecurrentMixer, self).__getstate__()
+        state = without_labels(type(self), super(RecurrentMixer, self).__getstate__())
         state[REMOTE] = True
         return state
 
@@ -180,12 +181,12 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
         for everything else (several tokens over a cached state included). It is applied to the call's inputs,
         which fire on every call, so a step of ``tracer.iter`` is pinned by its first read whatever is read first.
         """
-        def choose() -> str:
-            call = envoy._call()
-            return envoy.RECURRENT_KERNEL if call["continues"] and call["seq"] == 1 else envoy.CHUNK_KERNEL
-
         envoy.kernel_source()  # instrument the forward before it runs; see routing for why the moment matters
-        return per_call(envoy, "kernel", choose)
+        return per_call(envoy, "kernel", lambda: envoy.kernel_of(envoy._call()))
+
+    def kernel_of(self, entry: dict) -> str:
+        """`KERNEL`'s test on a call's entry (`Call.entry`): one token over a cached state decodes."""
+        return self.RECURRENT_KERNEL if entry["continues"] and entry["seq"] == 1 else self.CHUNK_KERNEL
 
     @staticmethod
     def kernel(attribute: str) -> Key:
@@ -202,7 +203,8 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
         whether the decode kernel fired)."""
 
         def make() -> Call:
-            kernel, entry = self.KERNEL(self), self._call()
+            entry = self._call()  # reads the mixer's input: instruments the call source first (`KERNEL`)
+            kernel = self.kernel_of(entry)
             decodes, op = entry.get("decodes", kernel == self.RECURRENT_KERNEL), getattr(self.kernel_source(), kernel)
             return Call.at_start(self, kernel, op, decodes, entry["kernels"][kernel], self.SEQ_ARGUMENT)
 
@@ -321,7 +323,7 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
     def state_after(self, t: int) -> torch.Tensor:
         """The state after token ``t`` of this call (negative ``t`` counts from the end): as ``for _ in
         tracer.iter[t]: mix.state`` on a prompt, and one that counts from the call's own first token on a decode step."""
-        return per_token.strategy_for(self).state_after(self, t)
+        return once_per_call(self, STRATEGY, per_token.strategy_for).state_after(self, t)
 
     def states_of(self, positions: Any) -> torch.Tensor:
         """The states after tokens ``positions`` of this call only, ``[batch, len(positions), ...state]``, float32.
@@ -335,7 +337,7 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
         """
         if type(self).state_after is not RecurrentMixer.state_after:  # a kind's own state_after (a window, a method's loop)
             return per_token.OWN_STATE_AFTER.states_of(self, positions)
-        return per_token.strategy_for(self).states_of(self, positions)
+        return once_per_call(self, STRATEGY, per_token.strategy_for).states_of(self, positions)
 
     def set_state_after(self, t: int, value: torch.Tensor) -> None:
         """Assign the state after token ``t``: the tokens after it continue from ``value``.
@@ -347,7 +349,7 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
         in the same trace, read positions before ``t`` before the write and positions after it afterwards;
         `states` (every position) only before it.
         """
-        per_token.strategy_for(self).set_state_after(self, t, value)
+        once_per_call(self, STRATEGY, per_token.strategy_for).set_state_after(self, t, value)
 
     # -- the hooks a strategy calls (`nnterp.recurrent.per_token.protocol.Mixer`), defaults a kind overrides --
 
@@ -355,10 +357,8 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
         """The source of the token loop inside kernel call ``op`` (RWKV's kernel calls its loop: one level further)."""
         return drill(op)
 
-    def token_state(self, call: Call, occurrence: int | None) -> torch.Tensor:
-        """The state bound at ``occurrence`` of the state op (``None``: the next one), as `states` serves it."""
-        with pinned(occurrence):
-            return call.strategy["op"].output
+    #: A kind's own ``token_state(call, occurrence)`` (`Mixer.token_state`), or ``None``: the token loop reads the op.
+    token_state: Callable | None = None
 
     def token_ops(self, call: Call, position: int) -> list:
         """The ops `token_state` reads the state after ``position`` from: the order check asks that none has passed it."""

@@ -60,6 +60,7 @@ from ..core.dims import BATCH, HEAD_DIM, KEY_HEADS, MIXER_HEADS, SEQ, STATE_SIZE
 from ..core.values import DerivedEProperty, check_tensor
 from ..fast.state_space import EFFECTIVE as SSD_ATTENTION
 from ..fast.state_space import FAST as SSD
+from ..fast.step import served_step_size
 from ..recurrent.arguments import (
     ONE_TOKEN,
     ONE_TOKEN_PER_HEAD,
@@ -151,7 +152,8 @@ class StateSpace(RecurrentMixer):
         return self.record().serve("A").float()
 
     def log_decays(self) -> torch.Tensor:
-        return served_step(self) * self._A()
+        served = self.record().serve_all()  # Δ and A from one look-up of the record (`served_step`, `_A`)
+        return served_step_size(served) * served["A"].float()
 
     def _decays_value(self) -> torch.Tensor:
         # Under autograd the kernel's dt is read through the served log decay, so its .grad reaches it.

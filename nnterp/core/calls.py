@@ -74,9 +74,39 @@ def per_call(envoy: Any, key: str, compute: Callable[[], Any]) -> Any:
     return value
 
 
+def once_per_call(envoy: Any, key: str, compute: Callable[[Any], Any]) -> Any:
+    """``compute(envoy)``, remembered per call (`per_call`) inside a trace; outside one (``support()``), computed.
+
+    For what cannot change during a call but is asked several times per access
+    (why a value is unavailable: its check, then its strategy's).
+    """
+    ref = getattr(getcurrent(), "mediator", None)
+    if ref is None or ref() is None:
+        return compute(envoy)
+    return per_call(envoy, key, lambda: compute(envoy))
+
+
 def forget(envoy: Any, key: str) -> None:
     """Drop the record ``per_call`` keeps for ``(envoy, key)`` on this worker."""
     getcurrent().__dict__.get(RECORDS, {}).pop((envoy.path, key), None)
+
+
+def outputs_at(node: Any, occurrences: Any) -> list:
+    """``node.output`` at each of ``occurrences`` in turn, as ``with pinned(n): node.output`` reads each one.
+
+    One pass for a run of pinned reads of one location (the state after every
+    token); the worker's pin is restored on the way out.
+    """
+    med = mediator("a pinned read")
+    previous = med.iteration
+    found = []
+    try:
+        for n in occurrences:
+            med.iteration = n
+            found.append(node.output)
+    finally:
+        med.iteration = previous
+    return found
 
 
 class pinned:  # noqa: N801  (used as a function: ``with pinned(n):``)

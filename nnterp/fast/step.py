@@ -24,3 +24,8 @@ def step_size(dt: torch.Tensor, bias: torch.Tensor | None, softplus: bool, limit
 def time_step(dt: torch.Tensor, dt_bias: torch.Tensor | None, dt_softplus: bool, dt_limit: tuple | None) -> torch.Tensor:
     """Δ as the kernels compute it, in ``dt``'s dtype, then float32: ``clamp(softplus(dt + dt_bias), dt_limit)``."""
     return step_size(dt, dt_bias, dt_softplus, dt_limit).float()
+
+
+def served_step_size(served: dict) -> torch.Tensor:
+    """Δ of a kernel call from its served arguments by table name: ``dt``, ``dt_bias``, ``dt_softplus``, ``dt_limit``."""
+    return step_size(served.get("dt"), served.get("dt_bias"), bool(served.get("dt_softplus")), served.get("dt_limit"))

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..core.values import check_tensor, replace_in, select_all, select_from
-from ..fast.step import step_size
+from ..fast.step import served_step_size
 from .gradients import graft, on_the_path, recording
 
 Where = int | str
@@ -60,6 +60,9 @@ ONE_TOKEN_PER_HEAD = Layout(
     lambda v, e: v[:, 0, :, None].expand_as(e),
 )
 
+#: ``[batch, heads, seq, ...]``, heads first (the mLSTM backend's q, k, v and gates); written back contiguous.
+HEADS_FIRST = Layout("[batch, heads, seq, ...]", lambda e: e.transpose(1, 2), lambda v, e: v.transpose(1, 2).contiguous())
+
 #: ``{name: (where, layout)}``: one kernel's signature table.
 Signature = dict
 
@@ -76,15 +79,17 @@ def serve(table: Signature, name: str, call: tuple) -> Any:
 def serve_all(table: Signature, call: tuple) -> dict:
     """Every argument of ``table`` by name, tokens first, as `serve` serves each (one pass over the call)."""
     elements = select_all(call, [where for where, _ in table.values()])
-    return {name: tokens_first(element, layout) for (name, (_, layout)), element in zip(table.items(), elements)}
+    marks = torch.is_grad_enabled()  # once for every argument: without autograd no view is marked
+    return {name: tokens_first(element, layout, marks) for (name, (_, layout)), element in zip(table.items(), elements)}
 
 
-def tokens_first(element: Any, layout: Layout) -> Any:
-    """A kernel argument in the served layout: a tensor seen through ``layout``, anything else as it is."""
-    if not isinstance(element, torch.Tensor):
+def tokens_first(element: Any, layout: Layout, marks: bool = True) -> Any:
+    """A kernel argument in the served layout: a tensor seen through ``layout``, anything else as it is
+    (``marks=False``: autograd records nothing now, so `on_the_path` has nothing to mark)."""
+    if not isinstance(element, torch.Tensor) or layout is SAME:
         return element
     # Another layout is a view of what the kernel consumes: its .grad is read off that tensor's.
-    return element if layout is SAME else on_the_path(layout.read(element))
+    return on_the_path(layout.read(element)) if marks else layout.read(element)
 
 
 def own_nodes(call: Any, table: Signature) -> bool:
@@ -141,8 +146,7 @@ def keep_unchanged(new: torch.Tensor, served: torch.Tensor, computed: torch.Tens
 
 def served_step(mixer: Any) -> torch.Tensor:
     """Δ of a Mamba mixer's call, tokens first, from its ``dt``, ``dt_bias``, ``dt_softplus`` (and ``dt_limit``)."""
-    call = mixer.record()
-    return step_size(call.serve("dt"), call.serve("dt_bias"), bool(call.serve("dt_softplus")), call.serve("dt_limit"))
+    return served_step_size(mixer.record().serve_all())
 
 
 def kernel_waiting(mixer: Any) -> bool:

@@ -8,16 +8,13 @@ learnt of the call and what it has read and written; its checks raise
 `OrderError` naming the earlier read instead of letting nnsight drop a
 request for a moment already passed (nnsight only warns "never reached").
 
-A mixer builds its record as a call source: `entry` reads the forward's
-inputs at the mixer's input, `at_start` the kernel call's arguments when it
-starts. The record then owns the kernel's named arguments: its signature
-table is resolved once (`table`), and `serve` / `assign` read and write an
-argument by its table name, tokens first (the layouts of
-`nnterp.recurrent.arguments`). It also owns the state entering and leaving
-the call (`state_input`, `state_output` and their writes), the runs between
-writes (`segments`, over `runs_between_writes`) and token positions
-(`position`), for every strategy. Lightning attention, whose recurrence is its
-forward's own operations, builds its record from them (`forward_call.ForwardCall`).
+A mixer builds its record as a call source: `entry` reads the forward's inputs at the mixer's input, `at_start`
+the kernel call's arguments when it starts. The record then owns the kernel's named arguments: its signature table
+is resolved once (`table`), the arguments are served once, tokens first (`serve_all`, the layouts of
+`nnterp.recurrent.arguments`), and `serve` / `assign` read and write one by its table name. It also owns the state
+entering and leaving the call (`state_input`, `state_output` and their writes), the runs between writes
+(`segments`, over `runs_between_writes`) and token positions (`position`), for every strategy. Lightning attention,
+whose recurrence is its forward's own operations, builds its record from them (`forward_call.ForwardCall`).
 
 Every kind's order checks are the methods below (`Call.check_reachable` the
 one test they share), the MiniMax record's and the checks of a call's entry
@@ -102,7 +99,7 @@ class Call:
 
     __slots__ = (
         "mixer", "kernel", "op", "decodes", "table", "args", "kwargs", "seq", "expected", "started", "output_at",
-        "furthest", "writes", "states_read", "strategy",
+        "furthest", "writes", "states_read", "strategy", "served", "served_under",
     )
 
     def __init__(self, mixer: Any, kernel: str, op: Any, decodes: bool, started: int) -> None:
@@ -117,6 +114,8 @@ class Call:
         self.writes: dict[int, torch.Tensor] = {}
         self.states_read = False
         self.strategy: dict[str, Any] = {}
+        self.served: dict[str, Any] = {}
+        self.served_under: bool | None = None  # autograd's mode when `served` was made (None: not yet)
 
     @staticmethod
     def entry(mixer: Any, kernels: tuple) -> dict:
@@ -127,14 +126,14 @@ class Call:
         # Instrument the forward before it runs, whatever value is read first (a convolution window reads
         # no kernel op): otherwise a first trace runs it uninstrumented and a later kernel read is lost.
         mixer.source
-        Call.check_entry(mixer)
+        med = mediator()
+        Call.check_entry(mixer, med=med)
         args, kwargs = mixer.inputs
         module = mixer.hf_module()
         bound = signature_binding(type(module).forward, module, args, kwargs)
         hidden = bound.get("hidden_states", args[0] if args else None)
         # The cache under this release's keyword: ``cache`` (5.24), ``cache_params`` or ``past_key_values`` before.
         cache = next((bound[name] for name in ("cache", "cache_params", "past_key_values") if bound.get(name) is not None), None)
-        med = mediator()
         started = {label: med.occurrence(f"{mixer.path}.source.{label}.input") for label in kernels}
         return {
             "seq": hidden.shape[1], "cache": cache, "continues": mixer.continues_cache(cache), "kernels": started,
@@ -146,11 +145,12 @@ class Call:
         """The record of kernel call ``op`` (label ``kernel``), made while the worker waits at its start: its
         arguments, its length (axis 1 of argument ``tokens``) and one state's ``expected`` shape, dtype, device."""
         call = cls(mixer, kernel, op, decodes, started)
-        call.check_not_started("a kernel argument", KERNEL_RAN)
+        med = mediator()
+        call.check_reachable(f"{op.path}.input", started, "a kernel argument", KERNEL_RAN, med)  # `check_not_started`
         call.args, call.kwargs = op.inputs
         if type(mixer).SHARED_ARGUMENTS and arguments.own_nodes(call, call.table):
             Mediator.swap(f"{op.path}.input", call.arguments)
-        call.output_at = mediator().occurrence(f"{op.path}.output")
+        call.output_at = med.occurrence(f"{op.path}.output")
         served = call.serve(tokens)  # positional or keyword (the mLSTM's backend takes keywords only)
         call.seq = served.shape[1]
         call.expected = (mixer.state_shape(call), torch.float32, served.device)
@@ -173,7 +173,15 @@ class Call:
 
     def serve(self, name: str) -> Any:
         """Argument ``name`` of the kernel call, tokens first; ``None`` where the kernel has no such argument."""
-        return arguments.serve(self.table, name, self.arguments)
+        return self.serve_all().get(name)
+
+    def serve_all(self) -> dict:
+        """Every argument of the table by name, tokens first (`arguments.serve_all`), in one pass when first asked (again
+        where autograd's mode changed: a view's ``requires_grad`` follows it), kept current by `assign`; copy to change."""
+        grad = torch.is_grad_enabled()
+        if self.served_under is not grad:
+            self.served, self.served_under = arguments.serve_all(self.table, self.arguments), grad
+        return self.served
 
     def assign(self, name: str, view: Any) -> None:
         """Replace argument ``name`` by ``view`` (served tokens first, laid back in the kernel's layout), before the kernel runs."""
@@ -190,6 +198,8 @@ class Call:
         else:
             element = view
         self.args, self.kwargs = replace_in(self.arguments, where, element)
+        if self.served_under is not None:
+            self.served[name] = arguments.tokens_first(element, layout, self.served_under)
         # Later values of this call (betas from dt, ...) read the record, which now holds the write.
         Mediator.swap(f"{self.op.path}.input", self.arguments)
 
@@ -270,8 +280,7 @@ class Call:
 
     def effective(self, positions: Any, selection: Any, coefficients: bool) -> tuple:
         """``(A, readout)``: the mixer's effective attention (``EFFECTIVE``) from the kernel's arguments by name."""
-        served = {name: self.serve(name) for name in self.table}
-        return type(self.mixer).EFFECTIVE.compute(served, positions, selection, coefficients)
+        return type(self.mixer).EFFECTIVE.compute(dict(self.serve_all()), positions, selection, coefficients)
 
     def effective_selection(self, positions: Any, heads: Any, channels: Any, what: str) -> tuple:
         """``(rows, picked)``: `effective_attention_of`'s positions and heads (or channels), checked as indices."""
@@ -288,34 +297,38 @@ class Call:
     # -- the checks ----------------------------------------------------------------
 
     @staticmethod
-    def check_reachable(location: str, first: int, what: str, passed: str) -> None:
+    def check_reachable(location: str, first: int, what: str, passed: str, med: Any = None) -> None:
         """The one order test: raise `OrderError` (``what`` asked after ``passed``) once the run has passed
-        ``location`` more than ``first`` times, where nnsight would raise its raw ``OutOfOrderError``."""
-        if mediator().occurrence(location) > first:
+        ``location`` more than ``first`` times, where nnsight would raise its raw ``OutOfOrderError`` (``med``: the
+        worker's mediator, where the caller has it)."""
+        if (med or mediator()).occurrence(location) > first:
             raise OrderError(order_hint(what, passed))
 
     @staticmethod
-    def check_entry(mixer: Any, what: str = "a value of this call of `linear_attn`", location: str | None = None) -> None:
+    def check_entry(mixer: Any, what: str = "a value of this call of `linear_attn`", location: str | None = None,
+                    med: Any = None) -> None:
         """Raise unless the run has not passed ``location`` (the mixer's input) of the call a request made now
         asks for: a call's record is made there, before any of its values."""
         entry = location or f"{mixer.path}.input"
-        Call.check_reachable(entry, mediator().wanted(entry), what, MIXER_RAN)
+        med = med or mediator()
+        Call.check_reachable(entry, med.wanted(entry), what, MIXER_RAN, med)
 
     def check_not_started(self, what: str, passed: str = "this call's kernel had started") -> None:
         """Raise unless the kernel call has not started: arguments are read and written, and states found, before it runs."""
         self.check_reachable(f"{self.op.path}.input", self.started, what, passed)
 
-    def check_open(self, what: str) -> None:
+    def check_open(self, what: str, med: Any = None) -> None:
         """Raise unless the kernel call has not returned yet."""
-        self.check_reachable(f"{self.op.path}.output", self.output_at, what, "the kernel had returned (state_output or a later value was read)")
+        self.check_reachable(f"{self.op.path}.output", self.output_at, what, "the kernel had returned (state_output or a later value was read)", med)
 
     def reach(self, position: int, what: str, ops: Any, first: int) -> None:
         """Raise unless the run can still reach occurrence ``first + position`` of every op in ``ops`` (one op, or
         the ops one token's state is read from, in any order); then record it as reached."""
-        self.check_open(what)
+        med = mediator()
+        self.check_open(what, med)
         earlier = self.furthest[1] if self.furthest is not None else "an earlier read"
         for op in ops if isinstance(ops, (list, tuple)) else (ops,):
-            self.check_reachable(f"{op.path}.output", first + position, what, f"{earlier} had moved the run past token {position}")
+            self.check_reachable(f"{op.path}.output", first + position, what, f"{earlier} had moved the run past token {position}", med)
         self.advance(position, what)
 
     def advance(self, position: int, what: str) -> None:

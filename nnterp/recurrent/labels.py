@@ -66,7 +66,12 @@ class Label:
     """A class constant whose value is a label found in the installed release (`labels_for`).
 
     Read on an envoy, the labels of the HF module it wraps; on the component
-    class, those of the class's ``REFERENCE`` HF mixer.
+    class, those of the class's ``REFERENCE`` HF mixer. An envoy's labels do
+    not change while the process runs (they are its module class's, in this
+    release), so the first read keeps the label in the envoy's ``__dict__``,
+    which shadows this (non-data) descriptor: later reads are plain attribute
+    reads. A pickled envoy leaves them behind (`without_labels`): a server
+    reads its own release.
     """
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -75,7 +80,14 @@ class Label:
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
             return labels_for(owner, reference(owner))[self.name]
-        return labels_for(type(obj), type(obj._module))[self.name]
+        found = obj.__dict__[self.name] = labels_for(type(obj), type(obj._module))[self.name]
+        return found
+
+
+def without_labels(component: type, state: dict) -> dict:
+    """An envoy's pickled ``state`` without the labels `Label` kept on it (a server reads its own release)."""
+    names = {name for cls in component.__mro__ for name, value in vars(cls).items() if isinstance(value, Label)}
+    return {key: value for key, value in state.items() if key not in names}
 
 
 def reference(component: type) -> type:

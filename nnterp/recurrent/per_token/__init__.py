@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import needs_torch_kernels
-from ..settings import generating, per_token_setting
+from ..settings import PER_TOKEN, generating
 from .boundaries import CHUNK_BOUNDARIES, ChunkBoundaries
 from .forward import FROM_FORWARD, FromForward
 from .from_arguments import FROM_ARGUMENTS, FromArguments
@@ -66,7 +66,7 @@ def strategy_for(mixer: Mixer) -> PerToken:
     once the family is routed), `ChunkBoundaries` for Mamba-2 (which says to
     call ``chunk_per_token`` until it is).
     """
-    setting = per_token_setting(mixer)
+    setting = mixer.__dict__.get(PER_TOKEN)  # `per_token_setting`, read here: asked by a value's check and its compute
     if setting == "fast":
         return FROM_ARGUMENTS
     if setting == "chunks":

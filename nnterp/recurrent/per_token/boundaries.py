@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ...core.calls import forget, mediator, per_call, pinned
+from ...core.calls import forget, mediator, once_per_call, per_call, pinned
 from ...core.errors import Unavailable
 from ...core.values import check_expected
 from ..call import KERNEL_RAN, Call
@@ -58,7 +58,8 @@ class ChunkBoundaries(PerToken):
     name = "chunk boundaries"
 
     def unavailable(self, mixer: Mixer) -> str | None:
-        return needs_per_token_chunks(mixer)
+        # Asked by the value's check, then here: resolved once per call (settings and routing hold during a trace).
+        return once_per_call(mixer, "chunk boundaries: unavailable", needs_per_token_chunks)
 
     def require(self, mixer: Mixer, what: str) -> None:
         reason = self.unavailable(mixer)

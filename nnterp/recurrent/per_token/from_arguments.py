@@ -58,7 +58,6 @@ from ...core.calls import mediator
 from ...core.errors import Unavailable
 from ...core.values import check_expected, replace_in
 from ...fast.buffers import empty_states
-from ..arguments import serve_all
 from ..call import Call
 from ..gradients import recording, records_any
 from ..kernels import bound, modeling_of, runs_pure_torch
@@ -90,9 +89,8 @@ class FromArguments(PerToken):
         mediator(f"`linear_attn.{what}`")
         call = mixer.record()
         if not call.decodes and "named" not in call.strategy:
-            table = type(mixer).CHUNK_ARGUMENTS
-            # Tokens first (the layouts applied), as the spec takes them.
-            arguments = serve_all(table, call.arguments)
+            # Tokens first (the layouts applied), as the spec takes them (the prompt kernel's table: not decoding).
+            arguments = dict(call.serve_all())
             if isinstance(arguments.get("state"), torch.Tensor):
                 # A continued cache's buffer, which the cache overwrites after the kernel returns.
                 arguments["state"] = arguments["state"].clone()
@@ -109,7 +107,7 @@ class FromArguments(PerToken):
         cls = type(mixer)
         if ONE_PASS and cls.FAST.ring and runs_pure_torch(mixer) and not recording(initial):
             arguments = piece(cls.FAST, call.strategy["named"], lo, hi, initial)
-            if not any(recording(x) for x in arguments.values()):
+            if not torch.is_grad_enabled() or not any(recording(x) for x in arguments.values()):  # (asked once when off)
                 # transformers' torch kernel is slower than this pass (a token loop, a chunk scan); two slots keep
                 # the last state only.
                 shape = cls.FAST.state_shape(arguments)

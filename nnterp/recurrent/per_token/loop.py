@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ...core.calls import mediator, pinned
+from ...core.calls import mediator, once_per_call, outputs_at, pinned
 from ...core.errors import Unavailable
 from ...core.values import check_expected
 from ..call import KERNEL_RAN, Call
@@ -68,7 +68,8 @@ class TokenLoop(PerToken):
     name = "token loop"
 
     def unavailable(self, mixer: Mixer) -> str | None:
-        return needs_recurrent_routing(mixer)
+        # Asked by the value's check, then here: resolved once per call (settings and routing hold during a trace).
+        return once_per_call(mixer, "token loop: unavailable", needs_recurrent_routing)
 
     def require(self, mixer: Mixer, what: str) -> Call:
         reason = self.unavailable(mixer)
@@ -99,12 +100,30 @@ class TokenLoop(PerToken):
         kept = call.strategy.get("kept")
         return kept[1] if kept is not None and kept[0] == position else None
 
+    @staticmethod
+    def _bound(call: Call, occurrence: int | None) -> torch.Tensor:
+        """The state after the token at ``occurrence`` of the state op (``None``: the next one): the kind's own
+        ``token_state`` where it has one (RWKV: three bindings), else the state op's output there."""
+        hook = call.mixer.token_state
+        if hook is not None:
+            return hook(call, occurrence)
+        with pinned(occurrence):
+            return call.strategy["op"].output
+
     def _pinned(self, call: Call, position: int) -> torch.Tensor:
         kept = self._kept(call, position)
         if kept is None:
-            kept = call.mixer.token_state(call, call.strategy["first"] + position)
+            kept = self._bound(call, call.strategy["first"] + position)
             call.strategy["kept"] = (position, kept)
         return kept
+
+    @staticmethod
+    def _rest(call: Call, start: int) -> list:
+        """The states after tokens ``start .. seq - 1``, read in one pass of pinned reads of the state op."""
+        first = call.strategy["first"]
+        rest = outputs_at(call.strategy["op"], range(first + start, first + call.seq))
+        call.strategy["kept"] = (call.seq - 1, rest[-1])
+        return rest
 
     def _reach(self, call: Call, position: int, what: str, op: Any = None) -> None:
         call.reach(position, what, op or call.mixer.token_ops(call, position), call.strategy["first"])
@@ -131,7 +150,7 @@ class TokenLoop(PerToken):
         if call.strategy or call.furthest is not None:
             return None  # something per-token already read or written in this call: the loop serves it
         shape = call.expected[0]
-        arguments = {name: call.serve(name) for name in call.table}
+        arguments = dict(call.serve_all())
         out = one_pass(mixer, call, own, arguments, (shape[0], call.seq, *shape[1:]))
         if out is not None:
             call.strategy[ONE_PASS_STATES] = out
@@ -149,6 +168,13 @@ class TokenLoop(PerToken):
         out: list = []
         collect = None
         for position in range(call.seq):
+            if collect is None and mixer.token_state is None and self._kept(call, position) is None and (
+                position or not torch.is_grad_enabled()
+            ):
+                # No tap goes between tokens (autograd is off, or token 0 needed none) and the kind has no hook of
+                # its own: the state op's outputs from here on, in one pass.
+                out += self._rest(call, position)
+                break
             state = self._pinned(call, position)
             out.append(state)
             if position == 0 and recording(state):
@@ -207,7 +233,7 @@ class TokenLoop(PerToken):
             call = self.record(mixer)
         # The read relaxes tracer.iter's pin: an assignment after it in the loop body means this token.
         call.strategy["iterated"] = occurrence - call.strategy["first"]
-        return mixer.token_state(call, occurrence or None)
+        return self._bound(call, occurrence or None)
 
     def set_state(self, mixer: Mixer, value: torch.Tensor) -> None:
         # One meaning on every mixer: the token tracer.iter pins is `set_state_after`'s t.

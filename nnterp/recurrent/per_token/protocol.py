@@ -60,8 +60,10 @@ class Mixer(Protocol):
     def loop_source(self, op: Any) -> Any:
         """The ``.source`` holding the token loop inside kernel call ``op`` (the state op's parent)."""
 
-    def token_state(self, call: Call, occurrence: int | None) -> torch.Tensor:
-        """The state after the token at ``occurrence`` of the state op (``None``: the next one), ``[batch, ...state]``."""
+    #: A kind's own ``token_state(call, occurrence)``: the state after the token at ``occurrence`` of the state op
+    #: (``None``: the next one), ``[batch, ...state]``, where it is not that op's one output (RWKV: three bindings);
+    #: ``None`` (`RecurrentMixer`'s default): the strategy reads the state op's output itself, every token in one pass.
+    token_state: Callable[[Call, int | None], torch.Tensor] | None
 
     def token_ops(self, call: Call, position: int) -> list:
         """The ops `token_state` reads the state after ``position`` from; the order check asks none has passed it."""

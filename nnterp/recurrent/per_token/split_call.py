@@ -74,7 +74,8 @@ class SplitCall(PerToken):
         state equals the cache's bit for bit), the token loop's, concatenated.
         """
         runs = [run for run in self.segments(call, stop) if run[0] >= start]
-        k, v, i, f = (call.serve(name) for name in GATES[1:])
+        served = call.serve_all()
+        k, v, i, f = (served[name] for name in GATES[1:])
         if call.seq == 1 or differentiable(k, v, i, f, *(initial for _, _, initial in runs)):
             parts = [mlstm_states(k[:, lo:hi], k[:, lo:hi], v[:, lo:hi], i[:, lo:hi], f[:, lo:hi], initial) for lo, hi, initial in runs]
             return torch.cat(parts, dim=1)
@@ -91,7 +92,8 @@ class SplitCall(PerToken):
         if not call.writes and recording(call.serve("k")) and call.kernel_waiting():
             return self.tapped(mixer, call)
         # Where the backend would run transformers' own pure-torch kernel: its output computed with the states.
-        arguments = {name: call.serve(name) for name in GATES}
+        served = call.serve_all()
+        arguments = {name: served[name] for name in GATES}
         arguments.update(state=call.strategy["initial"], eps=mixer.hf_module().config.eps)
         out = one_pass(mixer, call, mixer.OWN_ONE_PASS, arguments, (call.expected[0][0], call.seq, *call.expected[0][1:]))
         if out is not None:
@@ -112,7 +114,8 @@ class SplitCall(PerToken):
         the gradient reaches the tap at every token, through the later tokens
         too, and the call's arguments through the recurrence.
         """
-        q, k, v, i, f = (call.serve(name) for name in GATES)
+        served = call.serve_all()
+        q, k, v, i, f = (served[name] for name in GATES)
         collect = tap((k.shape[0], call.seq, *call.expected[0][1:]), k.float())
         states, h = mlstm_states(q, k, v, i, f, call.strategy["initial"], tap=collect, eps=mixer.hf_module().config.eps)
         output = call.op.output  # the backend has run: its output is what the layer reads on
