@@ -56,8 +56,8 @@ TRACE = [
     (routing, "_mixers_on_cpu"),
     (labels, "labels_for"),
     (recurrent_component, "per_call"),
+    (recurrent_component, "once_per_call"),  # the strategy resolved once per call
     (per_token, "strategy_for"),
-    (per_token, "per_token_setting"),
 ]
 
 #: The families with a fast path, and with Mamba-2's chunked scan.
