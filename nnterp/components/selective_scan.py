@@ -65,6 +65,7 @@ from ..fast.selective_scan import FAST as SCAN
 from ..recurrent.arguments import (
     CHANNELS_FIRST,
     ONE_TOKEN,
+    PARAMETER,
     SAME,
     assign_step,
     kernel_waiting,
@@ -109,12 +110,12 @@ class SelectiveScan(RecurrentMixer):
     CHUNK_ARGUMENTS = {
         "x": (0, CHANNELS_FIRST),
         "dt": (1, CHANNELS_FIRST),
-        "A": (2, SAME),
+        "A": (2, PARAMETER),
         "B": (3, CHANNELS_FIRST),
         "C": (4, CHANNELS_FIRST),
-        "D": ("D", SAME),
+        "D": ("D", PARAMETER),
         "z": ("z", CHANNELS_FIRST),
-        "dt_bias": ("delta_bias", SAME),
+        "dt_bias": ("delta_bias", PARAMETER),
         "dt_softplus": ("delta_softplus", SAME),
         "final": ("return_last_state", SAME),
     }
@@ -123,12 +124,12 @@ class SelectiveScan(RecurrentMixer):
         "state": (0, SAME),
         "x": (1, ONE_TOKEN),
         "dt": (2, ONE_TOKEN),
-        "A": (3, SAME),
+        "A": (3, PARAMETER),
         "B": (4, ONE_TOKEN),
         "C": (5, ONE_TOKEN),
-        "D": (6, SAME),
+        "D": (6, PARAMETER),
         "z": ("z", ONE_TOKEN),
-        "dt_bias": ("dt_bias", SAME),
+        "dt_bias": ("dt_bias", PARAMETER),
         "dt_softplus": ("dt_softplus", SAME),
     }
 

@@ -80,7 +80,7 @@ from ..core.dims import BATCH, CONV_CHANNELS, CONV_WIDTH, SEQ, ConvState
 from ..core.errors import Unavailable
 from ..core.values import DerivedEProperty, check_expected
 from ..fast.short_convolution import EFFECTIVE as SHORT_CONV_ATTENTION
-from ..recurrent.arguments import CHANNELS_FIRST, SAME
+from ..recurrent.arguments import CHANNELS_FIRST, PARAMETER, SAME
 from ..recurrent.call import Call
 from ..recurrent.gradients import recording
 from ..recurrent.kernels import needs_torch_kernels
@@ -140,9 +140,9 @@ class ShortConvolution(RecurrentMixer):
     GATES_FUNCTION = "BCx_chunk"
 
     #: ``causal_conv1d_fn(x, weight, bias, activation=None)``: x is ``[window; u]`` or ``u`` padded, channel-first.
-    CHUNK_ARGUMENTS = {"x": (0, CHANNELS_FIRST), "weight": (1, SAME), "bias": (2, SAME)}
+    CHUNK_ARGUMENTS = {"x": (0, CHANNELS_FIRST), "weight": (1, PARAMETER), "bias": (2, PARAMETER)}
     #: ``causal_conv1d_update(x, conv_state, weight, bias)``: one token, channel-first; the window updated in place.
-    RECURRENT_ARGUMENTS = {"x": (0, CHANNELS_FIRST), "state": (1, SAME), "weight": (2, SAME), "bias": (3, SAME)}
+    RECURRENT_ARGUMENTS = {"x": (0, CHANNELS_FIRST), "state": (1, SAME), "weight": (2, PARAMETER), "bias": (3, PARAMETER)}
 
     GATES_OP = Label()
 

@@ -64,6 +64,7 @@ from ..fast.step import served_step_size
 from ..recurrent.arguments import (
     ONE_TOKEN,
     ONE_TOKEN_PER_HEAD,
+    PARAMETER,
     PER_HEAD,
     SAME,
     assign_step,
@@ -107,12 +108,12 @@ class StateSpace(RecurrentMixer):
     CHUNK_ARGUMENTS = {
         "x": (0, SAME),
         "dt": (1, SAME),
-        "A": (2, SAME),
+        "A": (2, PARAMETER),
         "B": (3, SAME),
         "C": (4, SAME),
         "chunk_size": ("chunk_size", SAME),
-        "D": ("D", SAME),
-        "dt_bias": ("dt_bias", SAME),
+        "D": ("D", PARAMETER),
+        "dt_bias": ("dt_bias", PARAMETER),
         "state": ("initial_states", SAME),
         "dt_softplus": ("dt_softplus", SAME),
         "dt_limit": ("dt_limit", SAME),

@@ -57,7 +57,7 @@ from ..core.errors import Unavailable
 from ..core.values import DerivedEProperty, Key, check_expected, check_tensor, replace_in
 from ..fast.wkv import EFFECTIVE as WKV_ATTENTION
 from ..fast.wkv import EMPTY_MAX, wkv_one_pass
-from ..recurrent.arguments import SAME, kernel_waiting
+from ..recurrent.arguments import PARAMETER, SAME, kernel_waiting
 from ..recurrent.call import Call
 from ..recurrent.gradients import graft, recording
 from ..recurrent.kernels import bound, drill, modeling_of, needs_torch_kernels, original_body, torch_function
@@ -115,8 +115,8 @@ class WKV(RecurrentMixer):
     #: ``rwkv_linear_attention(time_decay, time_first, key, value, state=, return_state=)``; ``state`` is
     #: the triple ``(num, den, max)`` of ``[batch, channels]`` tensors (``None`` without a cache).
     CHUNK_ARGUMENTS = {
-        "time_decay": (0, SAME),
-        "time_first": (1, SAME),
+        "time_decay": (0, PARAMETER),
+        "time_first": (1, PARAMETER),
         "k": (2, SAME),
         "v": (3, SAME),
         "state": ("state", SAME),

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from ..core.calls import mediator
+from ..core.errors import Unavailable
 from ..core.values import check_tensor, replace_in, select_all, select_from
 from ..fast.step import served_step_size
 from .gradients import graft, on_the_path, recording
@@ -47,11 +49,43 @@ SAME = Layout("as served", lambda e: e, lambda v, e: v)
 CHANNELS_FIRST = Layout("[batch, channels, seq]", lambda e: e.transpose(1, 2), lambda v, e: v.transpose(1, 2))
 #: ``[batch, ...]``, one token with no sequence axis (a decode kernel).
 ONE_TOKEN = Layout("[batch, ...] (one token)", lambda e: e.unsqueeze(1), lambda v, e: v.squeeze(1))
-#: ``[heads, ...]`` expanded over trailing axes (Mamba-2's decode A, D, dt_bias): served ``[heads]``.
+
+
+def whole(element: Any) -> Any:
+    """An argument that is one tensor for the whole batch (a parameter: Mamba's ``A``, ``D``, ``dt_bias``, RWKV's
+    ``time_decay``, a convolution's weight), as the kernel holds it.
+
+    nnsight's batcher takes every tensor whose leading dim equals the batch size for batch rows and serves each
+    invoke its own rows, so a parameter of that leading size (4 heads, 4 invokes) would reach each invoke as one
+    row of itself. The narrowed view is undone here: the same storage, seen with the shape it has.
+    """
+    if not isinstance(element, torch.Tensor) or not getattr(element, "_nnsight_batch", False):
+        return element
+    med = mediator("a kernel argument")
+    start, _ = med.batch_group
+    total = med.interleaver.batcher.total
+    offset = element.storage_offset() - start * element.stride(0)
+    return element.as_strided((total, *element.shape[1:]), element.stride(), offset)
+
+
+def _write_whole(value: Any, element: Any) -> Any:
+    if isinstance(element, torch.Tensor) and getattr(element, "_nnsight_batch", False):
+        raise Unavailable(
+            "a write to this kernel argument",
+            f"it is one tensor for the whole batch, and its leading dim ({whole(element).shape[0]}) equals this trace's "
+            "batch size, so nnsight's batcher would splice the write in as batch rows: write it in a trace whose batch "
+            "size differs (one invoke, or another number of prompts)",
+        )
+    return value
+
+
+#: One tensor for the whole batch (a parameter), whatever nnsight's batcher took it for (`whole`).
+PARAMETER = Layout("one for the whole batch", whole, _write_whole)
+#: ``[heads, ...]`` expanded over trailing axes (Mamba-2's decode A, D, dt_bias), one for the whole batch: served ``[heads]``.
 PER_HEAD = Layout(
     "[heads, ...] expanded",
-    lambda e: e.reshape(e.shape[0], -1)[:, 0],
-    lambda v, e: v.reshape(v.shape[0], *([1] * (e.dim() - 1))).expand_as(e),
+    lambda e: whole(e).reshape(whole(e).shape[0], -1)[:, 0],
+    lambda v, e: _write_whole(v, e).reshape(v.shape[0], *([1] * (e.dim() - 1))).expand_as(whole(e)),
 )
 #: ``[batch, heads, head_dim]`` expanded over head_dim, one token (Mamba-2's decode dt): served ``[batch, 1, heads]``.
 ONE_TOKEN_PER_HEAD = Layout(
@@ -88,6 +122,8 @@ def tokens_first(element: Any, layout: Layout, marks: bool = True) -> Any:
     (``marks=False``: autograd records nothing now, so `on_the_path` has nothing to mark)."""
     if not isinstance(element, torch.Tensor) or layout is SAME:
         return element
+    if layout is PARAMETER:
+        return whole(element)
     # Another layout is a view of what the kernel consumes: its .grad is read off that tensor's.
     return on_the_path(layout.read(element)) if marks else layout.read(element)
 
@@ -107,7 +143,7 @@ def own_nodes(call: Any, table: Signature) -> bool:
         return False
     changed = False
     for where, layout in table.values():
-        if layout is SAME:
+        if layout is SAME or layout is PARAMETER:
             continue
         element = select_from(call.arguments, where)
         if isinstance(element, torch.Tensor) and element.requires_grad:
