@@ -133,7 +133,9 @@ def knockout_sweep(
     model layers (default: every layer with a part this ``mode`` acts on now: see ``support()``'s
     ``knockout`` rows); ``targets``: as `knockout` takes them (default: the last token). The cells of one layer
     run batched, a batch row per source (one ``tracer.invoke`` each, ``batch_size`` at a time; ``None``: all
-    sources in one batch), so each cell equals its single knockout run alone within float32 rounding. A tqdm
+    sources in one batch), so each cell equals its single knockout run alone within float32 rounding; the rows
+    of a batch share the knocked-out layer's effective-attention rows (computed once, where their inputs are
+    equal: `nnterp.recurrent.knockout.shared_in_run`). A tqdm
     bar counts the cells; Ctrl-C returns what was gathered with ``complete=False`` (cells not run are NaN).
     ``trace_kwargs`` go to every ``model.trace`` (``use_cache=False`` on a model with no attention layer).
     """

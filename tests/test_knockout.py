@@ -207,6 +207,46 @@ def test_a_knockout_on_a_left_padded_batch_is_each_prompts_at_its_padded_positio
         torch.testing.assert_close(got[row, -alone.shape[1]:], alone[0], rtol=1e-4, atol=1e-4)
 
 
+def _representatives() -> list[str]:
+    from tests.recurrent.test_per_token import KINDS
+
+    return KINDS
+
+
+@pytest.mark.parametrize("model_type", _representatives())
+def test_invokes_sharing_a_targeted_knockouts_rows_each_get_their_own_knockout(model_type, load):
+    # Invokes of one prompt share the knocked-out layer's effective-attention rows (`shared_in_run`): each must still
+    # be its own single knockout, and an invoke whose rows differ (another prompt of the same length, or an edited
+    # kernel argument) must not take another's.
+    model = load(model_type)
+    mix = next(block.linear_attn for block in model.layers if block.linear_attn is not None)
+    ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
+    other = torch.roll(ids, 1, dims=1)
+    values = type(mix).values()
+    writable = [n for n in ("attention_keys", "decays") if n in values and values[n].assign is not None]
+
+    def edit(m):
+        if writable:
+            setattr(m, writable[0], getattr(m, writable[0]) * 0.5)
+
+    runs = [(ids, 1, None), (ids, 3, None), (other, 1, None), (ids, 2, edit)]
+    saved = []
+    with torch.no_grad(), model.trace(use_cache=False) as tracer:
+        for prompt, source, before in runs:
+            with tracer.invoke(prompt):
+                if before is not None:
+                    before(mix)
+                mix.knockout(source, targets=-1)
+                saved.append(model.logits.save())
+    for (prompt, source, before), got in zip(runs, saved):
+        with torch.no_grad(), model.trace(prompt, use_cache=False):
+            if before is not None:
+                before(mix)
+            mix.knockout(source, targets=-1)
+            alone = model.logits.save()
+        torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("model_type", ["qwen3_5_text", "mamba2"])
 def test_each_knockout_sweep_cell_is_its_single_knockout(model_type, eager_models, tmp_path):
     model = eager_models(model_type)

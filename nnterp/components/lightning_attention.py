@@ -243,6 +243,11 @@ class LightningAttention(RecurrentMixer):
         call.check_own("`linear_attn.effective_attention`")
         return lightning_attention(call.q, call.k, call.g, call.initial)
 
+    def effective_inputs(self) -> dict:
+        """What `_effective` reads: the call's q, k, decays and entering state."""
+        call = self.record()
+        return {"q": call.q, "k": call.k, "g": call.g, "initial": call.initial}
+
     def kernel_output(self) -> torch.Tensor:
         """The call's output before the norm and the gate, ``[batch, seq, mixer_heads, value_dim]``, read where the
         forward concatenates it: what ``Σ_s effective_attention[t, s] attention_values[s]`` (+ the readout) reproduces."""

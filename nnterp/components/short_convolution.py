@@ -351,15 +351,16 @@ class ShortConvolution(RecurrentMixer):
 
     # -- effective attention: from the gates and the entering window -----------------
 
-    def _effective(self, positions: Any, selection: Any, coefficients: bool) -> tuple:
-        B = self._gate(0)
-        call = self.record()
+    def effective_inputs(self) -> dict:
+        """What `_effective` reads: the input gate ``B``, the convolution's weight and bias, the entering window."""
         entering = self._extended()[..., : self._module.conv_kernel_size]
-        served = {
-            "B": B, "weight": self._module.conv.weight.squeeze(1), "bias": self._module.conv.bias,
-            "window": None if call.strategy["fresh"] else entering,
+        return {
+            "B": self._gate(0), "weight": self._module.conv.weight.squeeze(1), "bias": self._module.conv.bias,
+            "window": None if self.record().strategy["fresh"] else entering,
         }
-        return SHORT_CONV_ATTENTION.compute(served, positions, selection, coefficients)
+
+    def _effective(self, positions: Any, selection: Any, coefficients: bool) -> tuple:
+        return SHORT_CONV_ATTENTION.compute(self.effective_inputs(), positions, selection, coefficients)
 
     effective_attention = RecurrentMixer.effective_attention.variant(
         "the exact effective attention per channel A[c, t, s] = w[c, L-1-(t-s)] B_s[c] (0 <= t-s < L): the "

@@ -75,6 +75,8 @@ from .per_token.protocol import Mixer
 MODES = ("value", "skip")
 #: The per-call record (`per_call`) of the ``(target, source)`` pairs already removed from a kernel output.
 REMOVED = "knocked_out"
+#: Attribute of a run's batcher holding what its invokes share (`shared_in_run`).
+SHARED = "_nnterp_shared"
 
 
 def knockout_reason(mixer: Mixer) -> str | None:
@@ -159,7 +161,8 @@ class RecurrenceInterventions:
         pairs = torch.tensor([[(t, s) not in removed and s <= t for s in sources] for t in targets], dtype=torch.float32)
         if not pairs.any():
             return
-        A = self.effective_attention_of(positions=targets)[..., sources].float()  # [batch, heads or channels, T, S]
+        rows = shared_in_run(self, ("knockout", tuple(targets)), self.effective_inputs(), lambda: self.effective_attention_of(positions=targets))
+        A = rows[..., sources].float()  # [batch, heads or channels, T, S]
         A = A * pairs.to(A.device)
         v = values[:, sources].float()
         if v.dim() == 4:  # [batch, S, heads, value_dim]
@@ -227,6 +230,11 @@ class RecurrenceInterventions:
         element = call.table[type(self).VALUE_ARGUMENT][1].write(value, element)
         call.op.output = replace_in(tuple(output), 0, element) if isinstance(output, tuple) else element
 
+    def effective_inputs(self) -> dict:
+        """What this call's effective attention is computed from, by name (the kernel's served arguments): invokes
+        whose inputs are equal share its rows (`shared_in_run`)."""
+        return self.record().serve_all()
+
     def fresh_state(self) -> torch.Tensor:
         """The state before a fresh prompt's first token (zeros of one position's state)."""
         shape, dtype, device = self.record().expected
@@ -239,6 +247,38 @@ class RecurrenceInterventions:
             "knockout.skip": skip_reason(self),
             "steer_state": type(self).values()["state_output"].reason(self),
         }
+
+
+def shared_in_run(envoy: Any, key: Any, inputs: dict, compute: Any) -> Any:
+    """``compute()``, computed once for the invokes of one run that ask it with equal ``inputs``.
+
+    A knockout sweep runs one prompt in many invokes (a batch row per source), and each needs the same rows of
+    the knocked-out layer's effective attention: the first invoke computes them, and a later one whose ``inputs``
+    (what they are computed from: tensors, equal element by element, and plain values) are equal takes them. Kept
+    on the run's batcher, one entry per ``(module, key)``, so it is freed with the run. Not under autograd (a
+    shared value would carry one invoke's graph into another's), nor with one invoke. The value is shared: read it,
+    never write it in place.
+    """
+    med = mediator(f"`{envoy.path}`")
+    batcher = getattr(med.interleaver, "batcher", None)
+    if batcher is None or len(med.interleaver.mediators) < 2 or torch.is_grad_enabled():
+        return compute()
+    memo = batcher.__dict__.setdefault(SHARED, {})
+    held = memo.get((envoy.path, key))
+    if held is not None and held[0].keys() == inputs.keys() and all(_same(held[0][name], value) for name, value in inputs.items()):
+        return held[1]
+    value = compute()
+    memo[(envoy.path, key)] = ({name: x.clone() if isinstance(x, torch.Tensor) else x for name, x in inputs.items()}, value)
+    return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
+                and a.device == b.device and torch.equal(a, b))
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 def broadcast(delta: torch.Tensor, state: torch.Tensor, what: str) -> torch.Tensor:
