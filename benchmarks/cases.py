@@ -37,6 +37,8 @@ TWO_PASSES = "fast path with one_pass off: the kernel, then a states pass"
 #: Cells in the knockout-sweep row: its time over the plain forward's, divided by this, is the cost of one cell.
 SWEEP_CELLS = 8
 SWEEP_ROW = f"knockout_sweep, {SWEEP_CELLS} cells of one layer (a batch row per source, targets=-1)"
+#: The sweep row's batch with nothing knocked out: what batching the prompt costs on its own.
+SWEEP_BATCH_ROW = f"{SWEEP_CELLS} invokes of the prompt, nothing knocked out (the sweep's batch alone)"
 OWN_TWO_PASSES = "own strategy with one_pass off: the forward's own recurrence, then a states pass"
 
 
@@ -226,6 +228,14 @@ def methods(plain: Any, model: Any, ids: torch.Tensor, values: list, paths: Path
                     logits.append(model.logits.save())
         return logits
 
+    def sweep_batch():
+        logits = []
+        with torch.no_grad(), model.trace() as tracer:
+            for _ in range(SWEEP_CELLS):
+                with tracer.invoke(ids):
+                    logits.append(model.logits.save())
+        return logits
+
     found = [
         Method("plain forward", plain_forward),
         Method("nnsight trace, reading nothing", trace_nothing),
@@ -234,6 +244,7 @@ def methods(plain: Any, model: Any, ids: torch.Tensor, values: list, paths: Path
         Method("knockout(mid) of every recurrent layer, every target", knockout(None)),
         Method("knockout(mid, targets=-1) of every recurrent layer", knockout(-1)),
         Method(SWEEP_ROW, sweep_cells),
+        Method(SWEEP_BATCH_ROW, sweep_batch),
     ]
     if routed:
         found += [

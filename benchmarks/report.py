@@ -17,6 +17,14 @@ CONFIGS = {
 }
 #: Why a missed target is missed and what would reach it, per target (shown only when missed).
 WHY = {
+    "sweep_cell": (
+        "A cell is one batch row of the sweep's batched trace, so its cost is the batched forward's per row plus the "
+        "knockout's own work (the layer's effective-attention rows at the targets, computed once for the batch's rows, "
+        "and the output edit). Where a kind's row is over the bound, compare it with the row '"
+        "invokes of the prompt, nothing knocked out': on Kimi delta attention transformers' pure-torch chunked kernel "
+        "costs about 1.6x per row in a batch of 8 on this CPU (memory traffic), before anything is knocked out. What "
+        "would reach it there: a smaller batch_size (a batch of one costs about 1.25 forwards per cell), or the fused kernel."
+    ),
     "layer_output": (
         "A trace costs nnsight a fixed few milliseconds per forward (starting and ending the worker, one mediator event "
         "per read): at 64 tokens that is a visible fraction of a ~150 ms forward, and on this shared machine a short "

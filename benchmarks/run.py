@@ -46,6 +46,7 @@ TARGETS = {
     "memory": 1.05,
     "mamba2_growth": 4.2,
     "generate": 1.2,
+    "sweep_cell": 1.3,  # issue 25: forwards per knockout-sweep cell at 512 tokens, on average over the kinds
 }
 #: States smaller than this (all layers) are not held to the memory target: the process's peak during the read is then
 #: the forward's own activations (the gated short convolution's windows, the RG-LRU's vectors), not the states.
@@ -304,6 +305,24 @@ def targets(results: dict) -> list:
         reading = generated.get("generate, state_output of every recurrent layer at every step")
         if reading:
             found.append((f"generate reading state_output every step ≤ {TARGETS['generate']}×", name, reading["ratio"], reading["ratio"] <= TARGETS["generate"], "generate"))
+    found += _sweep_targets(results)
+    return found
+
+
+def _sweep_targets(results: dict) -> list:
+    """Forwards per knockout-sweep cell at 512 tokens (the sweep row's ratio over its cells): each kind's, and their mean (the target)."""
+    from .cases import SWEEP_CELLS, SWEEP_ROW
+
+    bound, per_kind = TARGETS["sweep_cell"], []
+    for name, family in results["families"].items():
+        row = family["lengths"].get("512", family["lengths"].get(512, {})).get("rows", {}).get(SWEEP_ROW)
+        if row:
+            per_kind.append((name, row["ratio"] / SWEEP_CELLS))
+    found = [(f"knockout_sweep: forwards per cell (each kind's, informative; the target is the mean) ≤ {bound}", f"{name}, L=512", value, value <= bound, "sweep_cell")
+             for name, value in per_kind]
+    if per_kind:
+        mean = sum(value for _, value in per_kind) / len(per_kind)
+        found.append((f"knockout_sweep: forwards per cell, mean over the kinds ≤ {bound}", "every kind, L=512", mean, mean <= bound, "sweep_cell"))
     return found
 
 

@@ -70,7 +70,7 @@ def test_every_family_times_its_calls_against_the_plain_forward(results):
             assert rows["plain forward"]["ratio"] == pytest.approx(1.0)
             expected = {"nnsight trace, reading nothing", "layer_output of every layer", "state_output of every recurrent layer"}
             expected |= {"knockout(mid) of every recurrent layer, every target", "knockout(mid, targets=-1) of every recurrent layer"}
-            expected |= {cases.SWEEP_ROW}
+            expected |= {cases.SWEEP_ROW, cases.SWEEP_BATCH_ROW}
             expected |= {"states, own strategy", "set_state_after(mid), own strategy"} if family["own"] else {"states, routed"}
             if family["fast"]:
                 expected |= {"states, fast path", "set_state_after(mid), fast path"}
@@ -173,3 +173,17 @@ def test_gpu_script_without_a_gpu_says_so(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert gpu.main([]) == 2
+
+
+def test_the_sweep_target_is_forwards_per_cell_averaged_over_the_kinds():
+    row = lambda ratio: {"ratio": ratio, "min": ratio, "max": ratio, "median_s": ratio, "n": 3}  # noqa: E731
+    per_cell = {"gated_deltanet": 1.2, "kimi_delta_attention": 1.9, "mamba": 0.7}
+    results = {"families": {
+        name: {"fast": True, "own": False, "skipped": {}, "lengths": {512: {"rows": {"plain forward": row(1.0), cases.SWEEP_ROW: row(value * cases.SWEEP_CELLS)}, "checks": {}}}}
+        for name, value in per_cell.items()
+    }}
+    found = {(target, where): (value, met) for target, where, value, met, key in run.targets(results) if key == "sweep_cell"}
+    each = "knockout_sweep: forwards per cell (each kind's, informative; the target is the mean) ≤ 1.3"
+    assert found[(each, "kimi_delta_attention, L=512")] == (pytest.approx(1.9), False)
+    assert found[(each, "gated_deltanet, L=512")] == (pytest.approx(1.2), True)
+    assert found[("knockout_sweep: forwards per cell, mean over the kinds ≤ 1.3", "every kind, L=512")] == (pytest.approx(1.2666, abs=1e-3), True)

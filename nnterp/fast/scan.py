@@ -49,6 +49,8 @@ READ_BYTES = 4 * 2**20
 BLOCK_ELEMENTS = 1 << 24
 #: Rows of ``A`` `scan_attention` computes at once.
 ROWS = 64
+#: A block of `ROWS` rows with fewer than 1 / SPARSE of them asked is computed a row at a time (`_scan_row`).
+SPARSE = 4
 
 
 def fill_states(out: torch.Tensor, first: int, start: torch.Tensor, g: torch.Tensor, a: torch.Tensor, b: torch.Tensor, fill: int | None = None) -> None:
@@ -204,11 +206,25 @@ def scan_attention(log_decay, B, C, step, skip, gate, state, positions, coeffici
         return None, readout
     per_unit = batch * max(seq * size, ROWS * ROWS * max(width, size))
     unit_block = max(1, BLOCK_ELEMENTS // per_unit)
+    row_block = max(1, BLOCK_ELEMENTS // (batch * seq * size))
     out = step.new_zeros(batch, units, rows.numel(), seq)
     for first in range(0, seq, ROWS):
         lo, hi = first, min(seq, first + ROWS)
         here = ((rows >= lo) & (rows < hi)).nonzero().flatten()
         if not here.numel():
+            continue
+        if here.numel() * SPARSE < hi - lo:
+            # A few rows of the block (a knockout's targets): each alone, not the block's every row.
+            for index in here.tolist():
+                t = int(rows[index])
+                for u0 in range(0, units, row_block):
+                    u1 = min(units, u0 + row_block)
+                    row = _scan_row(log_decay[:, :, u0:u1], _units(B, u0, u1), _units(C, u0, u1), step[:, :, u0:u1], t)
+                    if skip is not None:
+                        row[:, :, t] += skip[u0:u1]
+                    if gate is not None:
+                        row = row * gate[:, t, u0:u1, None]
+                    out[:, u0:u1, index, : t + 1] = row
             continue
         local, at = (rows[here] - lo).to(step.device), here.to(step.device)
         for u0 in range(0, units, unit_block):
@@ -225,6 +241,15 @@ def scan_attention(log_decay, B, C, step, skip, gate, state, positions, coeffici
 
 def _units(x: torch.Tensor, u0: int, u1: int) -> torch.Tensor:
     return x if x.shape[2] == 1 else x[:, :, u0:u1]
+
+
+def _scan_row(log_decay, B, C, step, t):
+    """Row ``t`` of ``A`` over columns ``0 .. t``: ``[b, u, t + 1]``, the decays summed from ``t`` back (no
+    difference of two running sums, so no cancellation however long the prompt)."""
+    after = log_decay[:, 1 : t + 1].flip(1).cumsum(1).flip(1)  # Σ_{s<j≤t} for s < t
+    after = torch.cat([after, torch.zeros_like(log_decay[:, :1])], dim=1)  # [b, t + 1, u, m]; s = t: nothing decays
+    weights = (after.exp() * B[:, : t + 1] * C[:, t : t + 1]).sum(-1)  # [b, t + 1, u]
+    return (weights * step[:, : t + 1]).permute(0, 2, 1)
 
 
 def _scan_rows(log_decay, B, C, step, lo, hi):
