@@ -283,3 +283,20 @@ def test_the_model_key_rebuilds_the_model(models):
 def test_the_server_cannot_import_nnterp(server):
     assert server.probe("__import__('importlib.util').util.find_spec('nnterp')") == "None"
     assert server.probe("__import__('sys').flags.isolated and __import__('sys').flags.no_site") == "1"
+
+
+@pytest.mark.parametrize("kind", [RECURRENT[0], PLAIN])
+def test_collect_runs_remotely_one_request_per_batch(kind, models, sent, tmp_path):
+    local, remote = models(kind)
+    names = ["layers.0.layer_output", "logits"]
+    if kind != PLAIN:
+        names.insert(0, f"layers.{mixer_layer(local)}.linear_attn.state_output")
+    prompts = [PROMPT, "Hello there", "A third prompt"]
+    ours = nnterp.collect(remote, prompts, tmp_path / "remote", names, positions=[-1, 0], batch_size=2, remote=True, progress=False)
+    theirs = nnterp.collect(local, prompts, tmp_path / "local", names, positions=[-1, 0], batch_size=2, progress=False)
+    assert len(sent.payload_bytes) == 2  # one request per batch
+    assert not remote.dispatched
+    assert ours.manifest["prompts"] == theirs.manifest["prompts"]
+    for i in range(len(prompts)):
+        for name in names:
+            assert torch.equal(ours.value(i, name), theirs.value(i, name)), (i, name)

@@ -1,0 +1,183 @@
+"""`nnterp.collect` and `nnterp.StateStore`: values over prompts into a store on disk, resumable after a kill.
+
+Oracles: the same values read live in single traces of each prompt (bit for
+bit where the store's batch is one prompt, within float32 rounding across a
+left-padded batch); a store resumed after its process was killed equals an
+uninterrupted one value for value, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import nnterp
+from nnterp import InvalidArgument, PositionError, StateStore, Unavailable, WrongType
+from nnterp.families import REGISTRY, absent
+from nnterp.testing import tiny_checkpoint
+
+PROMPTS = ["The cat sat on the mat", "Hello there", "A longer prompt about the Eiffel Tower in Paris", "x y z"]
+FAMILIES = sorted(t for t in REGISTRY if absent(t) is None)
+
+
+def _layer_values(model) -> list[str]:
+    last = len(model.layers) - 1
+    names = ["layers.0.layer_output", f"layers.{last}.layer_output", "logits"]
+    mixer = next((i for i, layer in enumerate(model.layers) if getattr(layer, "linear_attn", None) is not None), None)
+    if mixer is not None and model.support()["linear_attn.state_output"] is None:
+        names.insert(0, f"layers.{mixer}.linear_attn.state_output")
+    return names
+
+
+def _live(model, prompt: str, name: str):
+    """``name`` read in a trace of ``prompt`` alone, without its batch axis."""
+    parts = name.split(".")
+    with torch.no_grad(), model.trace(prompt, use_cache=True):
+        owner = model
+        for part in parts[:-1]:
+            owner = owner[int(part)] if part.isdigit() else getattr(owner, part)
+        got = getattr(owner, parts[-1]).save()
+    return got[0]
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_a_store_of_one_prompt_batches_is_each_prompts_live_values_bit_for_bit(model_type, load, tmp_path):
+    model = load(model_type)
+    names = _layer_values(model)
+    store = nnterp.collect(model, PROMPTS[:3], tmp_path / "store", names, positions=[-1, 0], batch_size=1, progress=False)
+    assert len(store) == 3 and store.complete and store.values == names
+    for i, prompt in enumerate(PROMPTS[:3]):
+        ids = model.tokenizer(prompt, return_tensors="pt").input_ids[0]
+        assert torch.equal(store.ids(i), ids)
+        assert store.positions(i) == [ids.numel() - 1, 0]
+        for name in names:
+            live = _live(model, prompt, name)
+            expected = live if name.endswith("state_output") else live[[-1, 0]]
+            assert torch.equal(store.value(i, name), expected), (model_type, i, name)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3_5_text", "mamba2"])
+def test_a_left_padded_batch_stores_each_prompts_own_positions(model_type, load, tmp_path):
+    model = load(model_type)
+    names = _layer_values(model)
+    store = nnterp.collect(model, PROMPTS, tmp_path / "store", names, batch_size=3, progress=False)
+    assert len(store) == len(PROMPTS)
+    for i, prompt in enumerate(PROMPTS):
+        length = model.tokenizer(prompt, return_tensors="pt").input_ids.shape[1]
+        assert store.positions(i) == list(range(length))
+        for name in names:
+            torch.testing.assert_close(store.value(i, name), _live(model, prompt, name), rtol=1e-5, atol=1e-5)
+    manifest = json.loads((tmp_path / "store" / "manifest.json").read_text())
+    assert manifest["model"] and manifest["nnterp"] == nnterp.__version__ and manifest["values"] == names
+    assert [p["length"] for p in manifest["prompts"]] == [store.ids(i).numel() for i in range(len(PROMPTS))]
+    assert manifest["shapes"]["layers.0.layer_output"] == {"shape": [model._module.config.hidden_size], "dtype": "float32", "token_axis": True}
+
+
+def test_states_at_positions_chosen_by_a_callable_are_the_live_states(load, tmp_path):
+    model = load("qwen3_5_text")
+    mixer = next(i for i, layer in enumerate(model.layers) if layer.linear_attn is not None)
+
+    def after_the_second_token(ids):
+        return list(range(1, ids.numel()))
+
+    name = f"layers.{mixer}.linear_attn.states"
+    with nnterp.fast_states(model):
+        store = nnterp.collect(model, PROMPTS[:2], tmp_path / "store", [name], positions=after_the_second_token, batch_size=1, progress=False)
+        for i, prompt in enumerate(PROMPTS[:2]):
+            live = _live(model, prompt, name)
+            assert torch.equal(store.value(i, name), live[1:])
+    assert store.manifest["positions"].startswith("callable ")
+
+
+def test_stack_gives_one_row_per_prompt_for_a_probe(load, tmp_path):
+    model = load("mamba2")
+    store = nnterp.collect(model, iter(PROMPTS), tmp_path / "store", ["layers.1.layer_output"], positions=-1, batch_size=2, progress=False)
+    stacked = store.stack("layers.1.layer_output")
+    assert stacked.shape == (len(PROMPTS), 1, model._module.config.hidden_size)
+    for i, prompt in enumerate(PROMPTS):
+        torch.testing.assert_close(stacked[i, 0], _live(model, prompt, "layers.1.layer_output")[-1], rtol=1e-5, atol=1e-5)
+    every = nnterp.collect(model, PROMPTS, tmp_path / "every", ["layers.1.layer_output"], batch_size=2, progress=False)
+    with pytest.raises(InvalidArgument, match="positions=-1"):
+        every.stack("layers.1.layer_output")
+
+
+def test_bad_input_is_refused_with_the_fix(load, tmp_path):
+    model = load("qwen3_5_text")
+    with pytest.raises(InvalidArgument, match="support"):
+        nnterp.collect(model, PROMPTS, tmp_path / "a", ["layers.0.linear_attn.no_such_value"], progress=False)
+    with pytest.raises(InvalidArgument, match="support"):
+        nnterp.collect(model, PROMPTS, tmp_path / "a", ["layers.99.layer_output"], progress=False)
+    with pytest.raises(Unavailable, match="route_kernels"):  # its states need the per-token path
+        nnterp.collect(model, PROMPTS, tmp_path / "a", ["layers.0.linear_attn.states"], progress=False)
+    with pytest.raises(InvalidArgument, match="batch_size"):
+        nnterp.collect(model, PROMPTS, tmp_path / "a", ["logits"], batch_size=0, progress=False)
+    with pytest.raises(InvalidArgument, match="list of names"):
+        nnterp.collect(model, PROMPTS, tmp_path / "a", "logits", progress=False)
+    with pytest.raises(WrongType, match="strings"):
+        nnterp.collect(model, [1, 2], tmp_path / "a", ["logits"], progress=False)
+    with pytest.raises(PositionError, match="prompt 1"):
+        nnterp.collect(model, ["a long enough prompt", "x"], tmp_path / "a", ["logits"], positions=[5], batch_size=1, progress=False)
+    with pytest.raises(FileNotFoundError, match="manifest"):
+        StateStore(tmp_path / "nothing")
+    store = nnterp.collect(model, PROMPTS[:2], tmp_path / "b", ["logits"], positions=-1, progress=False)
+    with pytest.raises(InvalidArgument, match="holds"):
+        store.value(0, "layers.0.layer_output")
+    with pytest.raises(PositionError):
+        store.value(2, "logits")
+    with pytest.raises(InvalidArgument, match="resume=False"):
+        nnterp.collect(model, PROMPTS[:2], tmp_path / "b", ["layers.0.layer_output"], positions=-1, progress=False)
+    with pytest.raises(InvalidArgument, match="resume=False"):
+        nnterp.collect(model, ["other", "prompts"], tmp_path / "b", ["logits"], positions=-1, progress=False)
+    again = nnterp.collect(model, ["other", "prompts"], tmp_path / "b", ["logits"], positions=-1, resume=False, progress=False)
+    torch.testing.assert_close(again.value(0, "logits"), _live(model, "other", "logits")[[-1]], rtol=1e-5, atol=1e-5)
+
+
+#: A run of `collect` in its own process, killed (SIGKILL, no cleanup) once batch ``KILL_AT`` is written but before the
+#: manifest lists it: the worst moment, a shard on disk the manifest does not know.
+KILLED = textwrap.dedent("""
+    import os, signal, sys
+    import nnterp, nnterp.store as store
+    from nnterp import StandardizedTransformer
+    checkpoint, path, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    written = store._write_manifest
+    calls = []
+    def dying(folder, manifest):
+        calls.append(None)
+        if len(calls) == kill_at + 1:  # call k + 1 would list batch k, whose shard is on disk
+            os.kill(os.getpid(), signal.SIGKILL)
+        written(folder, manifest)
+    store._write_manifest = dying
+    model = StandardizedTransformer(checkpoint)
+    prompts = [f"prompt number {i} " + "word " * (i % 5) for i in range(11)]
+    nnterp.collect(model, prompts, path, ["layers.0.linear_attn.state_output", "layers.1.layer_output"], batch_size=2, progress=False)
+""")
+
+
+def test_a_store_killed_mid_run_resumes_to_the_uninterrupted_store(load, tmp_path):
+    checkpoint = str(tiny_checkpoint("qwen3_5_text"))
+    path = tmp_path / "killed"
+    done = subprocess.run([sys.executable, "-c", KILLED, checkpoint, str(path), "3"], capture_output=True, text=True, timeout=600, env=os.environ | {"PYTHONPATH": os.getcwd()})
+    assert done.returncode == -9, done.stderr[-2000:]
+    assert len(json.loads((path / "manifest.json").read_text())["prompts"]) == 6  # batches 0-2 listed
+    assert (path / "shard-00003.safetensors").is_file()  # batch 3 written, not listed
+    interrupted = StateStore(path)
+    assert not interrupted.complete and len(interrupted) == 6
+    kept = {p.name: p.stat().st_mtime_ns for p in path.glob("shard-*.safetensors") if p.name != "shard-00003.safetensors"}
+    model = load("qwen3_5_text")
+    prompts = [f"prompt number {i} " + "word " * (i % 5) for i in range(11)]
+    names = ["layers.0.linear_attn.state_output", "layers.1.layer_output"]
+    resumed = nnterp.collect(model, prompts, path, names, batch_size=2, progress=False)
+    whole = nnterp.collect(model, prompts, tmp_path / "whole", names, batch_size=2, progress=False)
+    assert resumed.complete and len(resumed) == len(whole) == 11
+    assert resumed.manifest["prompts"] == whole.manifest["prompts"]
+    for i in range(11):
+        for name in names:
+            assert torch.equal(resumed.value(i, name), whole.value(i, name)), (i, name)
+    assert sorted(p.name for p in path.iterdir()) == sorted(p.name for p in (tmp_path / "whole").iterdir())
+    assert {name: (path / name).stat().st_mtime_ns for name in kept} == kept  # the listed batches were not run again
