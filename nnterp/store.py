@@ -57,6 +57,8 @@ from tqdm.auto import tqdm
 from . import __version__
 from .core import indices
 from .core.errors import InvalidArgument, Unavailable, WrongType
+from .families import REGISTRY
+from .recurrent import replay
 
 MANIFEST = "manifest.json"
 #: The store's layout version; a store of another version is refused.
@@ -68,7 +70,7 @@ COMPONENT_ORDER = {"layer_input": 0, "self_attn": 1, "linear_attn": 1, "mlp": 2,
 class Value:
     """One named value to collect: the envoy that serves it, its name there, and its token axis (``None``: none)."""
 
-    def __init__(self, model: Any, name: str) -> None:
+    def __init__(self, model: Any, name: str, factorized: bool = False) -> None:
         if not isinstance(name, str):
             raise WrongType(f"`collect`: a value is named by a string ('layers.0.linear_attn.state_output'), got {type(name).__name__}")
         self.name = name
@@ -82,7 +84,12 @@ class Value:
         if owner is None:
             raise InvalidArgument(f"`collect`: {name!r}: this layer has no {parts[-2]!r} (see model.support())")
         self.owner, self.attribute = owner, parts[-1]
+        self.spec = None
         declared = type(owner).values() if hasattr(type(owner), "values") else {}
+        if factorized and self.attribute == "states" and "effective_attention" in declared:
+            # Stored as the kernel's arguments: served wherever the kernel call is (its effective attention's condition).
+            self.spec = replay.spec_of(owner, f"`collect(..., factorized=True)` of {name!r}")
+            declared = {"states": declared["effective_attention"]}
         descriptor = declared.get(self.attribute, getattr(type(owner), self.attribute, None))
         if descriptor is None or not hasattr(descriptor, "reason"):
             raise InvalidArgument(f"`collect`: {name!r} is not a value nnterp serves (see model.support() for what each layer has)")
@@ -101,7 +108,8 @@ class Value:
 
 def collect(
     model: Any, prompts: Iterable[str], path: str | os.PathLike, values: list[str], positions: Any = None, batch_size: int = 8,
-    resume: bool = True, remote: bool = False, progress: bool = True, **trace_kwargs: Any,
+    resume: bool = True, remote: bool = False, progress: bool = True, factorized: bool = False, checkpoint_every: int = 64,
+    **trace_kwargs: Any,
 ) -> StateStore:
     """Write ``values`` (names as `nnterp.store` lists them) of every prompt at ``positions`` into a store at ``path``.
 
@@ -109,6 +117,10 @@ def collect(
     (every token), an int or a list (negative ones count from each prompt's end), or a callable of a prompt's
     token ids returning those. ``batch_size`` prompts run per trace (``remote=True``: on NDIF, each batch's
     values coming back as it ends). A tqdm bar counts the prompts. ``trace_kwargs`` go to every trace.
+    ``factorized=True`` stores each ``...linear_attn.states`` value as what the recurrence writes (every token's
+    kernel arguments, and the state after every ``checkpoint_every``-th token: `nnterp.recurrent.replay`), read
+    back by ``store.state(i, layer, t)`` / ``store.states(i, layer, positions)`` (``positions`` does not apply
+    to it); locally only.
     Returns the store, opened (`StateStore`). The module docstring says how a killed run resumes.
     """
     what = "collect"
@@ -118,12 +130,16 @@ def collect(
         raise InvalidArgument(f"`{what}`: values is a non-empty list of names, e.g. ['layers.0.linear_attn.state_output']")
     if positions is not None and not callable(positions):
         indices.selection(positions, 1 << 30, f"`{what}` positions")  # the types only: each prompt checks its range
-    reads = sorted((Value(model, name) for name in dict.fromkeys(values)), key=lambda value: value.order)
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+        raise InvalidArgument(f"`{what}`: checkpoint_every is a positive int, got {checkpoint_every!r}")
+    reads = sorted((Value(model, name, factorized) for name in dict.fromkeys(values)), key=lambda value: value.order)
+    if remote and any(value.spec is not None for value in reads):
+        raise InvalidArgument(f"`{what}`: factorized=True runs locally (it reads the kernel's arguments as they are): pass remote=False")
     folder = Path(path)
     header = {
         "format": FORMAT, "model": _model_name(model), "revision": getattr(model._module.config, "_commit_hash", None),
         "nnterp": __version__, "values": [value.name for value in reads], "positions": _describe(positions),
-        "batch_size": batch_size,
+        "batch_size": batch_size, "factorized": {v.name: {"spec": v.spec.name, "checkpoint_every": checkpoint_every} for v in reads if v.spec},
     }
     manifest = _start(folder, header, resume)
     done = manifest["prompts"]
@@ -141,13 +157,14 @@ def collect(
                         "pass the same prompts in the same order to resume, resume=False to start it over, or another path"
                     )
                 continue
-            records, tensors = _run_batch(model, tokenizer, batch, reads, positions, first, remote, trace_kwargs)
+            records, tensors, parts = _run_batch(model, tokenizer, batch, reads, positions, first, remote, checkpoint_every, trace_kwargs)
+            manifest.setdefault("arguments", {}).update(parts)
             name = f"shard-{shard:05d}.safetensors"
             _replace(folder / name, lambda target, tensors=tensors: save_file(tensors, str(target)))
             for record, digest in zip(records, hashes):
                 record.update(shard=name, sha256=digest)
             done.extend(records)
-            manifest["shapes"] = manifest.get("shapes") or {v.name: _trailing(tensors, first, v) for v in reads}
+            manifest["shapes"] = manifest.get("shapes") or {v.name: _trailing(tensors, first, v) for v in reads if v.spec is None}
             _write_manifest(folder, manifest)
             bar.update(len(batch))
     manifest["complete"] = True
@@ -155,8 +172,9 @@ def collect(
     return StateStore(folder)
 
 
-def _run_batch(model: Any, tokenizer: Any, batch: list, reads: list, positions: Any, first: int, remote: bool, kwargs: dict) -> tuple:
-    """One trace of ``batch``: each prompt's record (length, positions) and the shard's tensors."""
+def _run_batch(model: Any, tokenizer: Any, batch: list, reads: list, positions: Any, first: int, remote: bool, every: int, kwargs: dict) -> tuple:
+    """One trace of ``batch``: each prompt's record (length, positions), the shard's tensors, and what the manifest
+    says of each factorized value (the names of its arguments)."""
     encoded = tokenizer(batch, return_tensors="pt", padding=True)
     ids, mask = encoded["input_ids"], encoded["attention_mask"]
     records, rows = [], []
@@ -167,23 +185,34 @@ def _run_batch(model: Any, tokenizer: Any, batch: list, reads: list, positions: 
         records.append({"length": int(real.numel()), "positions": chosen})
         rows.append(real[chosen].tolist())
     # Plain data and envoys only inside the trace: on NDIF the block runs where nnterp's classes are not.
-    plan = [(value.name, value.owner, value.attribute, value.token_axis) for value in reads]
+    plan = [(value.name, value.owner, value.attribute, value.token_axis, value.spec is not None) for value in reads]
     count = len(batch)
     with torch.no_grad(), model.trace(dict(encoded), remote=remote, **kwargs):
         saved = nnsight.save({})
-        for name, owner, attribute, axis in plan:
+        for name, owner, attribute, axis, arguments in plan:
+            if arguments:
+                saved[name] = {key: x.clone() if isinstance(x, torch.Tensor) else x for key, x in owner.record().serve_all().items()}
+                continue
             got = getattr(owner, attribute)
             if axis is None:
                 saved[name] = [got[row] for row in range(count)]
             else:
                 saved[name] = [got[row].index_select(axis - 1, torch.tensor(rows[row], device=got.device)) for row in range(count)]
-    tensors = {}
+    tensors, parts = {}, {}
     for row in range(len(batch)):
         i = first + row
         tensors[f"{i}/input_ids"] = ids[row, mask[row].bool()].clone()
         for value in reads:
-            tensors[f"{i}/{value.name}"] = saved[value.name][row].detach().to("cpu").contiguous().clone()
-    return records, tensors
+            if value.spec is None:
+                tensors[f"{i}/{value.name}"] = saved[value.name][row].detach().to("cpu").contiguous().clone()
+                continue
+            factorized = replay.from_served(value.spec, saved[value.name], row, mask[row].nonzero().flatten(), every)
+            tensors.update(factorized.tensors(f"{i}/{value.name}"))
+            parts[value.name] = {
+                "tokens": sorted(factorized.tokens), "plain": factorized.plain(),
+                "shared": sorted(n for n, x in factorized.shared.items() if isinstance(x, torch.Tensor)),
+            }
+    return records, tensors, parts
 
 
 class StateStore:
@@ -226,10 +255,36 @@ class StateStore:
         return self._read(i, "input_ids")
 
     def value(self, i: int, name: str) -> torch.Tensor:
-        """Value ``name`` of prompt ``i`` (module docstring: its shape)."""
+        """Value ``name`` of prompt ``i`` (module docstring: its shape; a factorized ``states``: every token's, replayed)."""
         if name not in self.manifest["values"]:
             raise InvalidArgument(f"the store at {self.path} holds no {name!r}: it holds {self.manifest['values']}")
+        if name in self.manifest.get("factorized", {}):
+            return self._factorized(i, name).states(list(range(self._record(i)["length"])))
         return self._read(i, name)
+
+    def state(self, i: int, layer: int, t: int) -> torch.Tensor:
+        """The state after token ``t`` of prompt ``i`` in ``layer``'s mixer, ``[...state]``, replayed from the
+        nearest checkpoint (a store made with ``factorized=True``)."""
+        return self.states(i, layer, [t])[0]
+
+    def states(self, i: int, layer: int, positions: Any) -> torch.Tensor:
+        """The states after ``positions`` (ints, negative from the end) of prompt ``i`` in ``layer``'s mixer,
+        ``[len(positions), ...state]``: each stretch between checkpoints replayed once."""
+        name = f"layers.{layer}.linear_attn.states"
+        if name not in self.manifest.get("factorized", {}):
+            held = list(self.manifest.get("factorized", {})) or "none"
+            raise InvalidArgument(f"the store at {self.path} holds no factorized {name!r} (factorized: {held}); collect it with factorized=True")
+        length = self._record(i)["length"]
+        chosen = indices.selection(positions, length, "StateStore.states", place=f"prompt {i}'s {length} tokens")
+        return self._factorized(i, name).states(list(range(length)) if chosen is None else chosen)
+
+    def _factorized(self, i: int, name: str) -> replay.Factorized:
+        entry = self.manifest["factorized"][name] | self.manifest["arguments"][name]
+        spec = next(f.MIXER.FAST for f in REGISTRY.values() if f.MIXER is not None and f.MIXER.FAST is not None and f.MIXER.FAST.name == entry["spec"])
+        record = self._record(i)
+        with safe_open(str(self.path / record["shard"]), framework="pt") as shard:
+            return replay.loaded(spec, shard.get_tensor, f"{record['index']}/{name}", entry["tokens"], entry["shared"],
+                                 entry["plain"], entry["checkpoint_every"])
 
     def stack(self, name: str) -> torch.Tensor:
         """``value(i, name)`` of every prompt, stacked: ``[len(store), ...]`` (refused where the shapes differ)."""

@@ -181,3 +181,51 @@ def test_a_store_killed_mid_run_resumes_to_the_uninterrupted_store(load, tmp_pat
             assert torch.equal(resumed.value(i, name), whole.value(i, name)), (i, name)
     assert sorted(p.name for p in path.iterdir()) == sorted(p.name for p in (tmp_path / "whole").iterdir())
     assert {name: (path / name).stat().st_mtime_ns for name in kept} == kept  # the listed batches were not run again
+
+
+def _factorized_kinds() -> list[str]:
+    from tests.recurrent.test_per_token import KINDS
+
+    return [t for t in KINDS if REGISTRY[t].MIXER.FAST is not None]
+
+
+@pytest.mark.parametrize("model_type", _factorized_kinds())
+def test_factorized_states_replay_to_the_hf_cache_after_each_prefix(model_type, load, plains, tmp_path):
+    from tests.suites.caches import Cache
+
+    model, plain = load(model_type), plains(model_type)
+    layer = next(i for i, block in enumerate(model.layers) if block.linear_attn is not None)
+    name = f"layers.{layer}.linear_attn.states"
+    prompts = [PROMPTS[2], PROMPTS[0]]  # a left-padded batch of two
+    store = nnterp.collect(model, prompts, tmp_path / "store", [name, "logits"], positions=-1, batch_size=2,
+                           factorized=True, checkpoint_every=4, progress=False)
+    for i, prompt in enumerate(prompts):
+        ids = model.tokenizer(prompt, return_tensors="pt").input_ids
+        expected = Cache().prefix_states(plain, ids, layer)[0]  # the state after each prefix, one HF forward each
+        scale = expected.abs().max()
+        got = store.states(i, layer, range(ids.shape[1]))
+        torch.testing.assert_close(got / scale, expected / scale, rtol=0, atol=1e-5)
+        for t in (3, 4, 5, 8, -1):  # the last token of a segment (a checkpoint), the first after one, between
+            torch.testing.assert_close(store.state(i, layer, t) / scale, expected[t] / scale, rtol=0, atol=1e-5)
+        torch.testing.assert_close(store.value(i, name), got)
+    with pytest.raises(InvalidArgument, match="factorized=True"):
+        store.states(0, layer + 1 if layer + 1 < len(model.layers) else layer - 1, [0])
+
+
+def test_a_factorized_store_is_smaller_than_the_states_and_says_what_it_cannot_factorize(load, tmp_path):
+    model = load("qwen3_5_text")
+    layer = next(i for i, block in enumerate(model.layers) if block.linear_attn is not None)
+    name = f"layers.{layer}.linear_attn.states"
+    prompt = ["word " * 200]
+    with nnterp.fast_states(model):
+        whole = nnterp.collect(model, prompt, tmp_path / "whole", [name], progress=False)
+    small = nnterp.collect(model, prompt, tmp_path / "small", [name], factorized=True, checkpoint_every=64, progress=False)
+    size = lambda store: sum(p.stat().st_size for p in store.path.glob("shard-*"))  # noqa: E731
+    assert size(small) < 0.35 * size(whole)  # 104 numbers a token against the state's 512, and 3 checkpoints of 512
+    torch.testing.assert_close(small.states(0, layer, [-1])[0], whole.value(0, name)[-1], rtol=1e-5, atol=1e-6)
+    with pytest.raises(Unavailable, match="factorized=False"):
+        nnterp.collect(load("rwkv"), PROMPTS, tmp_path / "rwkv", ["layers.0.linear_attn.states"], factorized=True, progress=False)
+    with pytest.raises(InvalidArgument, match="checkpoint_every"):
+        nnterp.collect(model, PROMPTS, tmp_path / "bad", [name], factorized=True, checkpoint_every=0, progress=False)
+    with pytest.raises(InvalidArgument, match="remote=False"):
+        nnterp.collect(model, PROMPTS, tmp_path / "bad", [name], factorized=True, remote=True, progress=False)
