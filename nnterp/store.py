@@ -102,7 +102,7 @@ class Value:
             raise InvalidArgument(f"`collect`: {name!r} has no documented batch axis, so its rows cannot be stored per prompt")
         self.token_axis = dims.index("seq") if "seq" in dims else None
         layer = next((int(p) for p in parts if p.lstrip("-").isdigit()), None)
-        component = parts[-2] if len(parts) > 2 else parts[-1]
+        component = parts[2] if len(parts) > 2 else parts[-1]  # "layers.3.layer_output", "layers.0.linear_attn.states"
         self.order = (float("inf"), 0) if layer is None else (layer % len(model.layers), COMPONENT_ORDER.get(component, 1))
 
 

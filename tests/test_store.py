@@ -95,6 +95,18 @@ def test_states_at_positions_chosen_by_a_callable_are_the_live_states(load, tmp_
     assert store.manifest["positions"].startswith("callable ")
 
 
+def test_values_listed_in_any_order_are_read_in_the_order_the_model_computes_them(load, tmp_path):
+    model = load("qwen3_5_text")
+    mixer = next(i for i, layer in enumerate(model.layers) if layer.linear_attn is not None)
+    names = ["logits", f"layers.{mixer + 1}.layer_output", f"layers.{mixer + 1}.layer_input", f"layers.{mixer}.mlp.mlp_output",
+             f"layers.{mixer}.linear_attn.state_output", f"layers.{mixer}.layer_input"]
+    store = nnterp.collect(model, PROMPTS[:2], tmp_path / "store", names, positions=-1, batch_size=1, progress=False)
+    assert store.values == [names[5], names[4], names[3], names[2], names[1], names[0]]
+    for name in names:
+        live = _live(model, PROMPTS[1], name)
+        assert torch.equal(store.value(1, name), live if name.endswith("state_output") else live[[-1]]), name
+
+
 def test_stack_gives_one_row_per_prompt_for_a_probe(load, tmp_path):
     model = load("mamba2")
     store = nnterp.collect(model, iter(PROMPTS), tmp_path / "store", ["layers.1.layer_output"], positions=-1, batch_size=2, progress=False)
