@@ -62,7 +62,15 @@ def test_a_store_of_one_prompt_batches_is_each_prompts_live_values_bit_for_bit(m
             assert torch.equal(store.value(i, name), expected), (model_type, i, name)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3_5_text", "mamba2"])
+def _padded_kinds() -> list[str]:
+    """A plain transformer, a gated DeltaNet hybrid and a Mamba-2 model (keyed by component, as the registry names them)."""
+    from nnterp.families import families
+
+    by_component = {family.MIXER.__name__: family.NAME for family in reversed(families()) if family.MIXER is not None}
+    return [next(f.NAME for f in families() if f.MIXER is None), by_component["LinearAttention"], by_component["StateSpace"]]
+
+
+@pytest.mark.parametrize("model_type", _padded_kinds())
 def test_a_left_padded_batch_stores_each_prompts_own_positions(model_type, load, tmp_path):
     model = load(model_type)
     names = _layer_values(model)

@@ -168,9 +168,14 @@ class TestRwkvRescaleInterrupted:
         assert len(calls) >= 4, f"the rescale and its undo make {len(calls)} {op} calls"
         for at in range(len(calls)):
             with pytest.MonkeyPatch.context() as monkeypatch:
-                self.interrupting(op, at, monkeypatch)
-                with pytest.raises(KeyboardInterrupt), torch.no_grad(), model.trace(ids):
-                    model.logits.save()
+                seen = self.interrupting(op, at, monkeypatch)
+                try:
+                    with torch.no_grad(), model.trace(ids):
+                        model.logits.save()
+                except KeyboardInterrupt:
+                    pass
+                else:
+                    pytest.fail(f"{op} call {at} of the {len(calls)} counted sent no interrupt; this trace made {len(seen)} calls")
             for name, p in model._module.named_parameters():
                 assert torch.equal(p, weights[name]), f"{op} call {at}: {name}"
             assert not model._module.rwkv.layers_are_rescaled, f"{op} call {at}"
