@@ -126,6 +126,8 @@ def collect(
     what = "collect"
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InvalidArgument(f"`{what}`: batch_size is a positive int, got {batch_size!r}")
+    if isinstance(prompts, str):
+        raise WrongType(f"`{what}` takes a list (or any iterable) of prompts, got one string: pass [prompt]")
     if isinstance(values, str) or not values:
         raise InvalidArgument(f"`{what}`: values is a non-empty list of names, e.g. ['layers.0.linear_attn.state_output']")
     if positions is not None and not callable(positions):

@@ -139,6 +139,8 @@ def test_bad_input_is_refused_with_the_fix(load, tmp_path):
         nnterp.collect(model, PROMPTS, tmp_path / "a", ["logits"], batch_size=0, progress=False)
     with pytest.raises(InvalidArgument, match="list of names"):
         nnterp.collect(model, PROMPTS, tmp_path / "a", "logits", progress=False)
+    with pytest.raises(WrongType, match=r"pass \[prompt\]"):
+        nnterp.collect(model, "one prompt", tmp_path / "a", ["logits"], progress=False)
     with pytest.raises(WrongType, match="strings"):
         nnterp.collect(model, [1, 2], tmp_path / "a", ["logits"], progress=False)
     with pytest.raises(PositionError, match="prompt 1"):
