@@ -76,7 +76,7 @@ __all__ = [
 #: nnterp 1.x's top-level names, imported on first use (``import nnterp`` stays light).
 _ONEX = {"get_rename_dict": "nnterp.rename_utils", "ModuleAccessor": "nnterp.nnsight_utils"}
 #: Toolkit functions, imported on first use too.
-_LAZY = {**_ONEX, "state_steering_vectors": "nnterp.steering", "knockout_sweep": "nnterp.knockout", "collect": "nnterp.store", "StateStore": "nnterp.store"}
+_LAZY = {**_ONEX, "state_steering_vectors": "nnterp.steering", "knockout_sweep": "nnterp.knockout", "collect": "nnterp.collection", "StateStore": "nnterp.store"}
 
 
 def __getattr__(name: str):

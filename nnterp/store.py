@@ -1,220 +1,101 @@
-"""``nnterp.collect``: named values over a dataset into a store on disk; `StateStore` reads it back.
+"""The store `nnterp.collect` writes and `StateStore` reads: values of many prompts on disk, resumable.
 
-Mental model. A study over a dataset (a probe, a dictionary, statistics of the
-states) needs the same few values of every prompt, more of them than fit in
-memory. `collect` runs the prompts in batches of ``batch_size`` (one trace
-each, left-padded as the model's tokenizer pads), reads the named values in
-each trace, keeps each prompt's selected positions of them, and writes the
-batch as one shard (``shard-00000.safetensors``, ...) before the next batch
-runs: memory holds one batch's values and the model, whatever the dataset's
-size. ``manifest.json`` says what the store holds (the model, its revision,
-nnterp's version, the values with their shapes and dtypes, every prompt's
-length, token ids' shard and hash) and which shards are complete.
+Layout. A store is a folder: ``manifest.json`` says what it holds (the
+model, its revision, nnterp's version, the values with their shapes and
+dtypes, the factorized values' arguments, whether the run ended);
+``shard-00000.safetensors``, ... hold one batch of prompts each (tensor
+``"{i}/{name}"`` is value ``name`` of prompt ``i``, ``"{i}/input_ids"`` its
+token ids); ``prompts.jsonl`` lists the shards written, a line each with its
+prompts' lengths, positions and hashes. The index is appended to, so a store
+of a million prompts is not rewritten at every batch.
 
-Names. A value is named by its path from the model, as ``support()`` lists it
-per layer: ``"layers.3.layer_output"``, ``"layers.0.linear_attn.state_output"``,
-``"layers.0.linear_attn.states"``, ``"layers.2.self_attn.attention_output"``,
-``"logits"``, ``"next_token_probs"``. A value whose documented shape has a
-token axis (``[batch, seq, ...]``) is stored at the selected positions,
-``[positions, ...]`` per prompt; one without (``state_output``, ``[batch,
-...state]``) is stored whole, ``[...state]`` per prompt.
-
-Positions. ``None``: every token of the prompt; an int or a list of them
-(negative ones count from the prompt's end: ``-1`` is its last token); or a
-callable of the prompt's token ids (a 1-d tensor) returning those. Positions
-are the prompt's own, never the padded batch's.
-
-Resuming. A shard is written aside and renamed, then the manifest (written
-the same way) lists it: a run killed at any point leaves a store whose
-manifest lists only whole shards. Called again with ``resume=True`` on the
-same prompts, `collect` checks that the store was made by this model with
-these values and positions and that the prompts it lists are the ones given
-(their hashes), then runs the batches after the last one listed, replacing a
-shard written but not yet listed: the store ends as an uninterrupted run
-leaves it, value for value. ``resume=False`` starts the store over.
-
-Failure mode worth knowing: the values inside one trace are read in the order
-the model computes them (`collect` orders them by layer, and within a layer
-the mixer before the MLP before the layer's output); within one component,
-list its values in the order the forward makes them.
+Writing (`StoreWriter`). A shard is written aside and renamed into place,
+then its line is appended to the index and synced (`StoreWriter.list_shard`,
+the commit point): a run killed at any moment leaves a store that lists only
+whole shards (a line cut short is dropped when the store is opened again). A
+shard written but not listed is written again by the run that resumes.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import nnsight
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from tqdm.auto import tqdm
 
-from . import __version__
 from .core import indices
-from .core.errors import InvalidArgument, Unavailable, WrongType
+from .core.errors import InvalidArgument
 from .families import REGISTRY
 from .recurrent import replay
 
 MANIFEST = "manifest.json"
+#: The shards written, one JSON line each: ``{"shard": name, "prompts": [{"length", "positions", "sha256"}, ...]}``.
+INDEX = "prompts.jsonl"
 #: The store's layout version; a store of another version is refused.
 FORMAT = 1
-#: Where a component's values are read in a layer's forward (`collect` orders reads by it).
-COMPONENT_ORDER = {"layer_input": 0, "self_attn": 1, "linear_attn": 1, "mlp": 2, "layer_output": 3}
 
 
-class Value:
-    """One named value to collect: the envoy that serves it, its name there, and its token axis (``None``: none)."""
+class StoreWriter:
+    """A store being written: opened on ``header`` (resumed where a store made with the same header is there),
+    ``listed`` the prompts already in it, ``add`` one batch's shard, ``finish`` at the end."""
 
-    def __init__(self, model: Any, name: str, factorized: bool = False) -> None:
-        if not isinstance(name, str):
-            raise WrongType(f"`collect`: a value is named by a string ('layers.0.linear_attn.state_output'), got {type(name).__name__}")
-        self.name = name
-        parts = name.split(".")
-        owner = model
-        try:
-            for part in parts[:-1]:
-                owner = owner[int(part)] if part.lstrip("-").isdigit() else getattr(owner, part)
-        except (AttributeError, IndexError, TypeError) as error:
-            raise InvalidArgument(f"`collect`: no value {name!r} on this model ({error}); names are paths as support() lists them, e.g. 'layers.0.layer_output'") from None
-        if owner is None:
-            raise InvalidArgument(f"`collect`: {name!r}: this layer has no {parts[-2]!r} (see model.support())")
-        self.owner, self.attribute = owner, parts[-1]
-        self.spec = None
-        declared = type(owner).values() if hasattr(type(owner), "values") else {}
-        if factorized and self.attribute == "states" and "effective_attention" in declared:
-            # Stored as the kernel's arguments: served wherever the kernel call is (its effective attention's condition).
-            self.spec = replay.spec_of(owner, f"`collect(..., factorized=True)` of {name!r}")
-            declared = {"states": declared["effective_attention"]}
-        descriptor = declared.get(self.attribute, getattr(type(owner), self.attribute, None))
-        if descriptor is None or not hasattr(descriptor, "reason"):
-            raise InvalidArgument(f"`collect`: {name!r} is not a value nnterp serves (see model.support() for what each layer has)")
-        reason = descriptor.reason(owner)
-        if reason is not None:
-            raise Unavailable(f"`collect` of {name!r}", reason)
-        annotation = getattr(descriptor, "annotation", None)
-        dims = getattr(annotation, "dim_str", "").split()
-        if not dims or dims[0] != "batch":
-            raise InvalidArgument(f"`collect`: {name!r} has no documented batch axis, so its rows cannot be stored per prompt")
-        self.token_axis = dims.index("seq") if "seq" in dims else None
-        layer = next((int(p) for p in parts if p.lstrip("-").isdigit()), None)
-        component = parts[2] if len(parts) > 2 else parts[-1]  # "layers.3.layer_output", "layers.0.linear_attn.states"
-        self.order = (float("inf"), 0) if layer is None else (layer % len(model.layers), COMPONENT_ORDER.get(component, 1))
+    def __init__(self, path: str | os.PathLike, header: dict, resume: bool) -> None:
+        self.folder = Path(path)
+        target = self.folder / MANIFEST
+        if resume and target.is_file():
+            manifest = json.loads(target.read_text())
+            differs = [key for key in header if key != "nnterp" and manifest.get(key) != header[key]]
+            if differs:
+                raise InvalidArgument(
+                    f"`collect`: the store at {self.folder} was made with other {', '.join(differs)} "
+                    f"({', '.join(f'{k}={manifest.get(k)!r}' for k in differs)}): pass resume=False to start it over, or another path"
+                )
+            self.manifest = manifest | {"complete": False}
+            self.listed, good = listed(self.folder)
+            index = self.folder / INDEX
+            if index.is_file() and index.stat().st_size > good:  # a line a killed run cut short
+                with open(index, "r+b") as handle:
+                    handle.truncate(good)
+        else:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            for old in [*self.folder.glob("shard-*.safetensors"), self.folder / INDEX, target]:
+                old.unlink(missing_ok=True)  # only the files a store is made of
+            self.manifest, self.listed = header | {"complete": False, "shapes": {}, "arguments": {}}, []
+            return  # a new store's manifest is written with its first batch: a run failing before leaves none
+        self.write_manifest()
 
+    def describe(self, shapes: dict, arguments: dict) -> None:
+        """What every prompt's values look like (from the first batch), into the manifest."""
+        if not self.manifest["shapes"]:
+            self.manifest["shapes"], self.manifest["arguments"] = shapes, arguments
+            self.write_manifest()
 
-def collect(
-    model: Any, prompts: Iterable[str], path: str | os.PathLike, values: list[str], positions: Any = None, batch_size: int = 8,
-    resume: bool = True, remote: bool = False, progress: bool = True, factorized: bool = False, checkpoint_every: int = 64,
-    **trace_kwargs: Any,
-) -> StateStore:
-    """Write ``values`` (names as `nnterp.store` lists them) of every prompt at ``positions`` into a store at ``path``.
+    def add(self, shard: int, tensors: dict, records: list) -> None:
+        """Write batch ``shard``'s tensors, then list it with its prompts' ``records``."""
+        name = f"shard-{shard:05d}.safetensors"
+        _replace(self.folder / name, lambda target: save_file(tensors, str(target)))
+        self.list_shard(name, records)
 
-    ``prompts``: a list, any iterable of strings, or a ``datasets.Dataset`` column. ``positions``: ``None``
-    (every token), an int or a list (negative ones count from each prompt's end), or a callable of a prompt's
-    token ids returning those. ``batch_size`` prompts run per trace (``remote=True``: on NDIF, each batch's
-    values coming back as it ends). A tqdm bar counts the prompts. ``trace_kwargs`` go to every trace.
-    ``factorized=True`` stores each ``...linear_attn.states`` value as what the recurrence writes (every token's
-    kernel arguments, and the state after every ``checkpoint_every``-th token: `nnterp.recurrent.replay`), read
-    back by ``store.state(i, layer, t)`` / ``store.states(i, layer, positions)`` (``positions`` does not apply
-    to it); locally only.
-    Returns the store, opened (`StateStore`). The module docstring says how a killed run resumes.
-    """
-    what = "collect"
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise InvalidArgument(f"`{what}`: batch_size is a positive int, got {batch_size!r}")
-    if isinstance(prompts, str):
-        raise WrongType(f"`{what}` takes a list (or any iterable) of prompts, got one string: pass [prompt]")
-    if isinstance(values, str) or not values:
-        raise InvalidArgument(f"`{what}`: values is a non-empty list of names, e.g. ['layers.0.linear_attn.state_output']")
-    if positions is not None and not callable(positions):
-        indices.selection(positions, 1 << 30, f"`{what}` positions")  # the types only: each prompt checks its range
-    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
-        raise InvalidArgument(f"`{what}`: checkpoint_every is a positive int, got {checkpoint_every!r}")
-    reads = sorted((Value(model, name, factorized) for name in dict.fromkeys(values)), key=lambda value: value.order)
-    if remote and any(value.spec is not None for value in reads):
-        raise InvalidArgument(f"`{what}`: factorized=True runs locally (it reads the kernel's arguments as they are): pass remote=False")
-    folder = Path(path)
-    header = {
-        "format": FORMAT, "model": _model_name(model), "revision": getattr(model._module.config, "_commit_hash", None),
-        "nnterp": __version__, "values": [value.name for value in reads], "positions": _describe(positions),
-        "batch_size": batch_size, "factorized": {v.name: {"spec": v.spec.name, "checkpoint_every": checkpoint_every} for v in reads if v.spec},
-    }
-    manifest = _start(folder, header, resume)
-    done = manifest["prompts"]
-    total = len(prompts) if hasattr(prompts, "__len__") else None
-    tokenizer = model.tokenizer
-    with tqdm(total=total, disable=not progress, desc=what, initial=len(done)) as bar:
-        for shard, batch in enumerate(_batches(prompts, batch_size)):
-            first = shard * batch_size
-            hashes = [_hash(prompt) for prompt in batch]
-            listed = done[first : first + len(batch)]
-            if listed:
-                if [p["sha256"] for p in listed] != hashes or len(listed) != len(batch):
-                    raise InvalidArgument(
-                        f"`{what}`: prompts {first}..{first + len(batch) - 1} differ from those the store at {folder} holds: "
-                        "pass the same prompts in the same order to resume, resume=False to start it over, or another path"
-                    )
-                continue
-            records, tensors, parts = _run_batch(model, tokenizer, batch, reads, positions, first, remote, checkpoint_every, trace_kwargs)
-            manifest.setdefault("arguments", {}).update(parts)
-            name = f"shard-{shard:05d}.safetensors"
-            _replace(folder / name, lambda target, tensors=tensors: save_file(tensors, str(target)))
-            for record, digest in zip(records, hashes):
-                record.update(shard=name, sha256=digest)
-            done.extend(records)
-            manifest["shapes"] = manifest.get("shapes") or {v.name: _trailing(tensors, first, v) for v in reads if v.spec is None}
-            _write_manifest(folder, manifest)
-            bar.update(len(batch))
-    manifest["complete"] = True
-    _write_manifest(folder, manifest)
-    return StateStore(folder)
+    def list_shard(self, name: str, records: list) -> None:
+        """The commit point: the written shard ``name``'s line appended to the index and synced."""
+        with open(self.folder / INDEX, "a") as handle:
+            handle.write(json.dumps({"shard": name, "prompts": records}) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.listed.extend(record | {"shard": name} for record in records)
 
+    def finish(self) -> StateStore:
+        self.manifest["complete"] = True
+        self.write_manifest()
+        return StateStore(self.folder)
 
-def _run_batch(model: Any, tokenizer: Any, batch: list, reads: list, positions: Any, first: int, remote: bool, every: int, kwargs: dict) -> tuple:
-    """One trace of ``batch``: each prompt's record (length, positions), the shard's tensors, and what the manifest
-    says of each factorized value (the names of its arguments)."""
-    encoded = tokenizer(batch, return_tensors="pt", padding=True)
-    ids, mask = encoded["input_ids"], encoded["attention_mask"]
-    records, rows = [], []
-    for row in range(len(batch)):
-        real = mask[row].nonzero().flatten()  # the prompt's tokens in the padded row
-        own = ids[row, real]
-        chosen = _positions(positions, own, first + row)
-        records.append({"length": int(real.numel()), "positions": chosen})
-        rows.append(real[chosen].tolist())
-    # Plain data and envoys only inside the trace: on NDIF the block runs where nnterp's classes are not.
-    plan = [(value.name, value.owner, value.attribute, value.token_axis, value.spec is not None) for value in reads]
-    count = len(batch)
-    with torch.no_grad(), model.trace(dict(encoded), remote=remote, **kwargs):
-        saved = nnsight.save({})
-        for name, owner, attribute, axis, arguments in plan:
-            if arguments:
-                saved[name] = {key: x.clone() if isinstance(x, torch.Tensor) else x for key, x in owner.record().serve_all().items()}
-                continue
-            got = getattr(owner, attribute)
-            if axis is None:
-                saved[name] = [got[row] for row in range(count)]
-            else:
-                saved[name] = [got[row].index_select(axis - 1, torch.tensor(rows[row], device=got.device)) for row in range(count)]
-    tensors, parts = {}, {}
-    for row in range(len(batch)):
-        i = first + row
-        tensors[f"{i}/input_ids"] = ids[row, mask[row].bool()].clone()
-        for value in reads:
-            if value.spec is None:
-                tensors[f"{i}/{value.name}"] = saved[value.name][row].detach().to("cpu").contiguous().clone()
-                continue
-            factorized = replay.from_served(value.spec, saved[value.name], row, mask[row].nonzero().flatten(), every)
-            tensors.update(factorized.tensors(f"{i}/{value.name}"))
-            parts[value.name] = {
-                "tokens": sorted(factorized.tokens), "plain": factorized.plain(),
-                "shared": sorted(n for n, x in factorized.shared.items() if isinstance(x, torch.Tensor)),
-            }
-    return records, tensors, parts
+    def write_manifest(self) -> None:
+        _replace(self.folder / MANIFEST, lambda target: target.write_text(json.dumps(self.manifest, indent=1)))
 
 
 class StateStore:
@@ -234,6 +115,7 @@ class StateStore:
         self.manifest = json.loads(target.read_text())
         if self.manifest.get("format") != FORMAT:
             raise InvalidArgument(f"the store at {self.path} has format {self.manifest.get('format')!r}; this nnterp reads format {FORMAT}")
+        self.manifest["prompts"] = listed(self.path)[0]
 
     def __len__(self) -> int:
         return len(self.manifest["prompts"])
@@ -310,30 +192,21 @@ class StateStore:
         return f"StateStore({str(self.path)!r}: {len(self)} prompts, {len(self.values)} values, {state})"
 
 
-# -- the manifest ----------------------------------------------------------------------
-
-
-def _start(folder: Path, header: dict, resume: bool) -> dict:
-    """The manifest to go on from: the store's own (checked against ``header``) with ``resume``, else a new one."""
-    target = folder / MANIFEST
-    if resume and target.is_file():
-        manifest = json.loads(target.read_text())
-        differs = [key for key in header if key != "nnterp" and manifest.get(key) != header[key]]
-        if differs:
-            raise InvalidArgument(
-                f"`collect`: the store at {folder} was made with other {', '.join(differs)} "
-                f"({', '.join(f'{k}={manifest.get(k)!r}' for k in differs)}): pass resume=False to start it over, or another path"
-            )
-        manifest["complete"] = False
-        return manifest
-    folder.mkdir(parents=True, exist_ok=True)
-    for old in [*folder.glob("shard-*.safetensors"), target]:
-        old.unlink(missing_ok=True)  # only the files a store is made of
-    return header | {"complete": False, "prompts": [], "shapes": {}}
-
-
-def _write_manifest(folder: Path, manifest: dict) -> None:
-    _replace(folder / MANIFEST, lambda target: target.write_text(json.dumps(manifest, indent=1)))
+def listed(folder: Path) -> tuple[list[dict], int]:
+    """Every prompt the store's index lists, in order, each with its shard, and the bytes of the index that hold
+    whole lines (a last line cut short, by a run killed while appending, is not read)."""
+    index = folder / INDEX
+    found: list = []
+    good = 0
+    if not index.is_file():
+        return found, good
+    for line in index.read_bytes().splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break
+        entry = json.loads(line)
+        found.extend(record | {"shard": entry["shard"]} for record in entry["prompts"])
+        good += len(line)
+    return found, good
 
 
 def _replace(target: Path, write: Callable[[Path], Any]) -> None:
@@ -341,51 +214,3 @@ def _replace(target: Path, write: Callable[[Path], Any]) -> None:
     partial = target.with_name(target.name + ".partial")
     write(partial)
     os.replace(partial, target)
-
-
-# -- helpers -----------------------------------------------------------------------------
-
-
-def _batches(prompts: Iterable[str], size: int) -> Iterable[list]:
-    batch: list = []
-    for prompt in prompts:
-        if not isinstance(prompt, str):
-            raise WrongType(f"`collect` takes prompts as strings, got {type(prompt).__name__}")
-        batch.append(prompt)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-def _positions(positions: Any, ids: torch.Tensor, i: int) -> list[int]:
-    what = f"`collect` positions of prompt {i}"
-    if positions is None:
-        return list(range(ids.numel()))
-    chosen = positions(ids) if callable(positions) else positions
-    found = indices.selection(chosen, ids.numel(), what, place=f"its {ids.numel()} tokens")
-    return list(range(ids.numel())) if found is None else found
-
-
-def _trailing(tensors: dict, first: int, value: Value) -> dict:
-    tensor = tensors[f"{first}/{value.name}"]
-    shape = list(tensor.shape[1:]) if value.token_axis is not None else list(tensor.shape)
-    return {"shape": shape, "dtype": str(tensor.dtype).removeprefix("torch."), "token_axis": value.token_axis is not None}
-
-
-def _hash(prompt: str) -> str:
-    return hashlib.sha256(prompt.encode()).hexdigest()
-
-
-def _describe(positions: Any) -> Any:
-    if positions is None or isinstance(positions, int):
-        return positions
-    if callable(positions):
-        return f"callable {getattr(positions, '__module__', '?')}.{getattr(positions, '__qualname__', type(positions).__name__)}"
-    return [int(p) for p in (positions.tolist() if isinstance(positions, torch.Tensor) else positions)]
-
-
-def _model_name(model: Any) -> str:
-    return str(getattr(model._module.config, "_name_or_path", "") or getattr(model, "repo_id", ""))
-

@@ -83,7 +83,9 @@ def test_a_left_padded_batch_stores_each_prompts_own_positions(model_type, load,
             torch.testing.assert_close(store.value(i, name), _live(model, prompt, name), rtol=1e-5, atol=1e-5)
     manifest = json.loads((tmp_path / "store" / "manifest.json").read_text())
     assert manifest["model"] and manifest["nnterp"] == nnterp.__version__ and manifest["values"] == names
-    assert [p["length"] for p in manifest["prompts"]] == [store.ids(i).numel() for i in range(len(PROMPTS))]
+    index = [json.loads(line) for line in (tmp_path / "store" / "prompts.jsonl").read_text().splitlines()]
+    assert [entry["shard"] for entry in index] == ["shard-00000.safetensors", "shard-00001.safetensors"]
+    assert [p["length"] for entry in index for p in entry["prompts"]] == [store.ids(i).numel() for i in range(len(PROMPTS))]
     assert manifest["shapes"]["layers.0.layer_output"] == {"shape": [model._module.config.hidden_size], "dtype": "float32", "token_axis": True}
 
 
@@ -160,21 +162,21 @@ def test_bad_input_is_refused_with_the_fix(load, tmp_path):
     torch.testing.assert_close(again.value(0, "logits"), _live(model, "other", "logits")[[-1]], rtol=1e-5, atol=1e-5)
 
 
-#: A run of `collect` in its own process, killed (SIGKILL, no cleanup) once batch ``KILL_AT`` is written but before the
-#: manifest lists it: the worst moment, a shard on disk the manifest does not know.
+#: A run of `collect` in its own process, killed (SIGKILL, no cleanup) once batch ``kill_at`` is written but before the
+#: index lists it (the worst moment: a shard on disk the store does not know), with half its line appended.
 KILLED = textwrap.dedent("""
     import os, signal, sys
     import nnterp, nnterp.store as store
     from nnterp import StandardizedTransformer
     checkpoint, path, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    written = store._write_manifest
-    calls = []
-    def dying(folder, manifest):
-        calls.append(None)
-        if len(calls) == kill_at + 1:  # call k + 1 would list batch k, whose shard is on disk
+    listing = store.StoreWriter.list_shard
+    def dying(self, name, records):
+        if name == f"shard-{kill_at:05d}.safetensors":
+            with open(self.folder / store.INDEX, "a") as handle:
+                handle.write('{"shard": "' + name + '", "prom')  # cut short
             os.kill(os.getpid(), signal.SIGKILL)
-        written(folder, manifest)
-    store._write_manifest = dying
+        listing(self, name, records)
+    store.StoreWriter.list_shard = dying
     model = StandardizedTransformer(checkpoint)
     prompts = [f"prompt number {i} " + "word " * (i % 5) for i in range(11)]
     nnterp.collect(model, prompts, path, ["layers.0.linear_attn.state_output", "layers.1.layer_output"], batch_size=2, progress=False)
@@ -186,7 +188,7 @@ def test_a_store_killed_mid_run_resumes_to_the_uninterrupted_store(load, tmp_pat
     path = tmp_path / "killed"
     done = subprocess.run([sys.executable, "-c", KILLED, checkpoint, str(path), "3"], capture_output=True, text=True, timeout=600, env=os.environ | {"PYTHONPATH": os.getcwd()})
     assert done.returncode == -9, done.stderr[-2000:]
-    assert len(json.loads((path / "manifest.json").read_text())["prompts"]) == 6  # batches 0-2 listed
+    assert (path / "prompts.jsonl").read_text().count("\n") == 3  # batches 0-2 listed, then a line cut short
     assert (path / "shard-00003.safetensors").is_file()  # batch 3 written, not listed
     interrupted = StateStore(path)
     assert not interrupted.complete and len(interrupted) == 6
