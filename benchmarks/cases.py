@@ -37,6 +37,8 @@ TWO_PASSES = "fast path with one_pass off: the kernel, then a states pass"
 #: Cells in the knockout-sweep row: its time over the plain forward's, divided by this, is the cost of one cell.
 SWEEP_CELLS = 8
 SWEEP_ROW = f"knockout_sweep, {SWEEP_CELLS} cells of one layer (a batch row per source, targets=-1)"
+#: The prompt length a full run times the sweep rows at (issue 25's target is per cell at 512 tokens).
+SWEEP_LENGTH = 512
 #: The sweep row's batch with nothing knocked out: what batching the prompt costs on its own.
 SWEEP_BATCH_ROW = f"{SWEEP_CELLS} invokes of the prompt, nothing knocked out (the sweep's batch alone)"
 OWN_TWO_PASSES = "own strategy with one_pass off: the forward's own recurrence, then a states pass"
@@ -179,8 +181,9 @@ def notes(model: Any, paths: Paths) -> list:
     return found
 
 
-def methods(plain: Any, model: Any, ids: torch.Tensor, values: list, paths: Paths, slow_reps: int, routed: bool) -> list:
-    """The calls timed at one prompt length (the baseline first); ``routed=False`` leaves the spec's path out."""
+def methods(plain: Any, model: Any, ids: torch.Tensor, values: list, paths: Paths, slow_reps: int, routed: bool, sweep: bool = True) -> list:
+    """The calls timed at one prompt length (the baseline first); ``routed=False`` leaves the spec's path out,
+    ``sweep=False`` the knockout sweep's two rows (eight forwards each: a full run times them at `SWEEP_LENGTH` only)."""
     mid = ids.shape[1] // 2
 
     def plain_forward():
@@ -243,9 +246,9 @@ def methods(plain: Any, model: Any, ids: torch.Tensor, values: list, paths: Path
         Method("state_output of every recurrent layer", read("state_output")),
         Method("knockout(mid) of every recurrent layer, every target", knockout(None)),
         Method("knockout(mid, targets=-1) of every recurrent layer", knockout(-1)),
-        Method(SWEEP_ROW, sweep_cells),
-        Method(SWEEP_BATCH_ROW, sweep_batch),
     ]
+    if sweep:
+        found += [Method(SWEEP_ROW, sweep_cells), Method(SWEEP_BATCH_ROW, sweep_batch)]
     if routed:
         found += [
             Method("states, routed", read("states"), reps=slow_reps, setup=paths.routed, teardown=paths.default),

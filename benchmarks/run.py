@@ -118,8 +118,9 @@ def _measure(args: argparse.Namespace, argv: list | None) -> dict:
             if length in family["skipped"]:
                 continue
             ids = cases.prompt(model, length, seed=length)
+            plain(ids)  # a warm-up: a first call's allocations would inflate the projection below
             began = time.perf_counter()
-            plain(ids)  # a warm-up, and the time the longer lengths are projected from
+            plain(ids)  # the time the longer lengths are projected from
             once = time.perf_counter() - began
             # The next length only, from this one (a projection over several lengths overshoots a mostly linear forward).
             following = lengths[index + 1:]
@@ -136,7 +137,8 @@ def _measure(args: argparse.Namespace, argv: list | None) -> dict:
             checks = cases.checks(model, ids, values, paths, routed, plain)
             # Short prompts are cheap and the noisiest relative to their length: more repeats.
             reps = reps_for(name, args.long_reps if longest else (3 * args.reps if length < 256 else args.reps), args.tiny)
-            timed = cases.methods(plain, model, ids, values, paths, args.routed_long_reps if longest else reps, routed)
+            sweep = args.tiny or length == cases.SWEEP_LENGTH
+            timed = cases.methods(plain, model, ids, values, paths, args.routed_long_reps if longest else reps, routed, sweep)
             log(f"  L={length}: timing {len(timed)} calls")
             interleave(timed, reps, log=log)
             family["lengths"][length] = {

@@ -6,6 +6,8 @@ transformers bound them at import; the autouse fixture checks it.
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 import torch
 
@@ -50,6 +52,17 @@ def plains():
         return cache[key]
 
     return get
+
+
+@pytest.fixture(autouse=True)
+def sigint_handler():
+    """Ctrl-C's handler is as before each test after it (a hold left installed would swallow every later Ctrl-C)."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before:
+        signal.signal(signal.SIGINT, before)
+        pytest.fail(f"the test left SIGINT's handler {after!r} installed (it was {before!r})")
 
 
 @pytest.fixture(autouse=True)
