@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 
 import pytest
 import torch
@@ -146,7 +147,7 @@ class TestRwkvRescaleInterrupted:
         calls = []
 
         def patched(tensor, *args, **kwargs):
-            calls.append(None)
+            calls.append(threading.current_thread().name)  # a real Ctrl-C reaches Python in the main thread only
             result = original(tensor, *args, **kwargs)
             if len(calls) - 1 == at:
                 signal.raise_signal(signal.SIGINT)
@@ -175,7 +176,8 @@ class TestRwkvRescaleInterrupted:
                 except KeyboardInterrupt:
                     pass
                 else:
-                    pytest.fail(f"{op} call {at} of the {len(calls)} counted sent no interrupt; this trace made {len(seen)} calls")
+                    pytest.fail(f"{op} call {at} of the {len(calls)} counted sent no interrupt; this trace made {len(seen)} calls, "
+                                f"in threads {seen}; SIGINT's handler is now {signal.getsignal(signal.SIGINT)!r}")
             for name, p in model._module.named_parameters():
                 assert torch.equal(p, weights[name]), f"{op} call {at}: {name}"
             assert not model._module.rwkv.layers_are_rescaled, f"{op} call {at}"
