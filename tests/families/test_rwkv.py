@@ -156,8 +156,16 @@ class TestRwkvRescaleInterrupted:
         monkeypatch.setattr(torch.Tensor, op, patched)
         return calls
 
+    @pytest.fixture
+    def ctrl_c(self):
+        """Ctrl-C raising KeyboardInterrupt for the test: a process started in the background by a shell ignores
+        SIGINT (SIG_IGN), and there a real Ctrl-C never interrupts anything."""
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        yield
+        signal.signal(signal.SIGINT, previous)
+
     @pytest.mark.parametrize("op", ["div_", "mul_"])
-    def test_an_interrupt_at_every_in_place_op_leaves_the_weights_and_the_logits(self, model, loaded, ids_of, op):
+    def test_an_interrupt_at_every_in_place_op_leaves_the_weights_and_the_logits(self, model, loaded, ids_of, op, ctrl_c):
         weights, hf = loaded
         ids = ids_of(model)
         with torch.no_grad(), model.trace(ids):  # a first trace of the model may make one-off calls: count a later one's
