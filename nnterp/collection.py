@@ -162,8 +162,8 @@ def _run_batch(model: Any, tokenizer: Any, batch: list, reads: list, positions: 
     encoded = tokenizer(batch, return_tensors="pt", padding=True)
     ids, mask = encoded["input_ids"], encoded["attention_mask"]
     records, rows = [], []
-    for row in range(len(batch)):
-        real = mask[row].nonzero().flatten()  # the prompt's tokens in the padded row
+    reals = [mask[row].nonzero().flatten() for row in range(len(batch))]  # each prompt's tokens in its padded row
+    for row, real in enumerate(reals):
         own = ids[row, real]
         chosen = _positions(positions, own, first + row)
         records.append({"length": int(real.numel()), "positions": chosen})
@@ -185,12 +185,12 @@ def _run_batch(model: Any, tokenizer: Any, batch: list, reads: list, positions: 
     tensors, parts = {}, {}
     for row in range(len(batch)):
         i = first + row
-        tensors[f"{i}/input_ids"] = ids[row, mask[row].bool()].clone()
+        tensors[f"{i}/input_ids"] = ids[row, reals[row]].clone()
         for value in reads:
             if value.spec is None:
                 tensors[f"{i}/{value.name}"] = saved[value.name][row].detach().to("cpu").contiguous().clone()
                 continue
-            factorized = replay.from_served(value.spec, saved[value.name], row, mask[row].nonzero().flatten(), every)
+            factorized = replay.from_served(value.spec, saved[value.name], row, reals[row], every)
             tensors.update(factorized.tensors(f"{i}/{value.name}"))
             parts[value.name] = {
                 "tokens": sorted(factorized.tokens), "plain": factorized.plain(),

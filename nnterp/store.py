@@ -116,6 +116,9 @@ class StateStore:
         if self.manifest.get("format") != FORMAT:
             raise InvalidArgument(f"the store at {self.path} has format {self.manifest.get('format')!r}; this nnterp reads format {FORMAT}")
         self.manifest["prompts"] = listed(self.path)[0]
+        # Each factorized value's fast spec, found once by the name the manifest keeps.
+        specs = {f.MIXER.FAST.name: f.MIXER.FAST for f in REGISTRY.values() if f.MIXER is not None and f.MIXER.FAST is not None}
+        self.specs = {name: specs[entry["spec"]] for name, entry in self.manifest.get("factorized", {}).items()}
 
     def __len__(self) -> int:
         return len(self.manifest["prompts"])
@@ -164,10 +167,9 @@ class StateStore:
 
     def _factorized(self, i: int, name: str) -> replay.Factorized:
         entry = self.manifest["factorized"][name] | self.manifest["arguments"][name]
-        spec = next(f.MIXER.FAST for f in REGISTRY.values() if f.MIXER is not None and f.MIXER.FAST is not None and f.MIXER.FAST.name == entry["spec"])
         record = self._record(i)
         with safe_open(str(self.path / record["shard"]), framework="pt") as shard:
-            return replay.loaded(spec, shard.get_tensor, f"{record['index']}/{name}", entry["tokens"], entry["shared"],
+            return replay.loaded(self.specs[name], shard.get_tensor, f"{record['index']}/{name}", entry["tokens"], entry["shared"],
                                  entry["plain"], entry["checkpoint_every"])
 
     def stack(self, name: str) -> torch.Tensor:
