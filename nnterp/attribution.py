@@ -27,7 +27,9 @@ Mamba-2, a chunk per token): the clean and corrupt runs are made inside
 Where a layer's states carry no gradient even then (``support()``'s
 ``linear_attn.states.grad`` row gives the reason: ``fast_states(model)``
 computes them beside the kernel), `state_attribution` raises `Unavailable`
-with that reason before running anything.
+with that reason before running anything. A model transformers cannot run
+with a cache (every layer recurrent: `nnterp.recurrent.no_cache`) is traced
+with ``use_cache=False``, which serves the states and their gradients.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import torch
 
 from .core.errors import InvalidArgument, ShapeError, Unavailable, WrongType
 from .core.indices import layer_index
+from .recurrent.no_cache import refused
 from .sweep import per_token_states, recurrent_layers, sweep_positions, target_id
 
 __all__ = ["AttributionResult", "state_attribution", "rank_correlation"]
@@ -87,9 +90,9 @@ def _metric_function(model: Any, metric: Any) -> Callable[[Any], torch.Tensor]:
     return lambda m: m.next_token_probs[0, target]
 
 
-def _states(model: Any, prompt: Any, layers: list) -> dict:
+def _states(model: Any, prompt: Any, layers: list, run: dict) -> dict:
     saved: list = []
-    with torch.no_grad(), model.trace(prompt):
+    with torch.no_grad(), model.trace(prompt, **run):
         for index in layers:
             saved.append(model.layers[index].linear_attn.states.save())
     return dict(zip(layers, saved))
@@ -134,6 +137,9 @@ def state_attribution(
             raise ShapeError(f"state_attribution takes {name} ids of shape [1, seq], got {tuple(prompt.shape)}: call it once per prompt")
     function = _metric_function(model, metric)
     layers = recurrent_layers(model, layers)
+    # A model transformers cannot run with a cache (no attention layer: `nnterp.recurrent.no_cache`) runs without
+    # one: the states and their gradients are served so, and nothing here needs what only a cache keeps.
+    run = {"use_cache": False} if refused(model) else {}
     with per_token_states(model):
         for index in layers:
             # What support() says in linear_attn.states.grad once the family is routed (the fast path's states, for one).
@@ -144,13 +150,13 @@ def state_attribution(
             where = "state_attribution(corrupt={layer: states})"
             corrupt_states = {layer_index(layer, len(model.layers), where): states for layer, states in corrupt.items()}
         else:
-            corrupt_states = _states(model, corrupt, layers)
+            corrupt_states = _states(model, corrupt, layers, run)
         missing = [layer for layer in layers if layer not in corrupt_states]
         if missing:
             raise InvalidArgument(f"the corrupt states given have no layers {missing}")
         saved: list = []
         values: list = []
-        with torch.enable_grad(), model.trace(clean, **model.family.BACKWARD_KWARGS):
+        with torch.enable_grad(), model.trace(clean, **{**run, **model.family.BACKWARD_KWARGS}):
             # A graph from the first layer on, whatever the parameters require: the states' taps need one.
             embedded = model.embed_tokens.output
             if not embedded.requires_grad:

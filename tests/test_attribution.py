@@ -14,10 +14,12 @@ import pytest
 import torch
 
 import nnterp
+from nnterp import StandardizedTransformer
 from nnterp.attribution import AttributionResult, rank_correlation, state_attribution
 from nnterp.core.errors import Unavailable
 from nnterp.families import families
 from nnterp.sweep import patch_sweep, per_token_states
+from nnterp.testing import toy_checkpoint, toy_task
 
 KINDS = tuple(sorted({family.MIXER: family.NAME for family in reversed(families()) if family.MIXER is not None}.values()))
 CLEAN = "The quick brown fox jumps over"
@@ -33,23 +35,23 @@ def model(request, load):
     return load(request.param)
 
 
-def _clean(model, layers):
+def _clean(model, layers, prompt=CLEAN, **run):
     states, values = [], []
     with per_token_states(model):
-        with torch.no_grad(), model.trace(CLEAN):
+        with torch.no_grad(), model.trace(prompt, **run):
             for layer in layers:
                 states.append(model.layers[layer].linear_attn.states.save())
             values.append(metric(model).save())
     return dict(zip(layers, states)), float(values[0])
 
 
-def _actual(model, layers, positions, states, base, eps):
+def _actual(model, layers, positions, states, base, eps, prompt=CLEAN, **run):
     grid = torch.zeros(len(layers), len(positions))
     with per_token_states(model):
         for row, layer in enumerate(layers):
             for column, t in enumerate(positions):
                 values = []
-                with torch.no_grad(), model.trace(CLEAN):
+                with torch.no_grad(), model.trace(prompt, **run):
                     model.layers[layer].linear_attn.set_state_after(t, states[layer][:, t] * (1 + eps))
                     values.append(metric(model).save())
                 grid[row, column] = float(values[0]) - base
@@ -68,6 +70,26 @@ def test_estimate_agrees_with_set_state_after_for_a_small_change(model):
         actual = _actual(model, layers, positions, states, base, eps)
         errors.append(float((result.estimate - actual).norm() / actual.norm()))
     assert min(errors) < 0.05, errors
+
+
+def test_a_model_without_an_attention_layer_is_traced_without_a_cache():
+    """transformers cannot run the all-linear ``deltanet`` toy with a cache (`nnterp.recurrent.no_cache`); the estimate
+    is made without one and agrees with set_state_after's effects, measured with ``use_cache=False``."""
+    model = StandardizedTransformer(str(toy_checkpoint("deltanet")), dispatch=True, device="cpu")
+    assert model.family.cache_refused(model._module.config)
+    prompt = next(toy_task("deltanet").samples(1, seed=5, n_pairs=5)).prompt
+    states, base = _clean(model, [0, 1], prompt, use_cache=False)
+    positions = list(range(0, states[0].shape[1] - 1, 2))
+    errors = []
+    for eps in (5e-2, 2e-3):
+        corrupt = {i: s * (1 + eps) for i, s in states.items()}
+        result = state_attribution(model, prompt, corrupt, metric, positions=positions)
+        assert result.clean == pytest.approx(base, abs=1e-5)
+        actual = _actual(model, [0, 1], positions, states, base, eps, prompt, use_cache=False)
+        errors.append(float((result.estimate - actual).norm() / actual.norm()))
+    assert min(errors) < 0.05, errors
+    # A corrupt prompt is run the same way: the prompt itself changes no state.
+    assert state_attribution(model, prompt, prompt, metric).estimate.abs().max() == 0
 
 
 def test_no_parameter_gradient_is_left_behind(load):

@@ -26,6 +26,7 @@ Samples are batched by length (same pair count), so no row is padded.
 from __future__ import annotations
 
 import copy
+import random
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -33,9 +34,9 @@ from typing import Any
 import torch
 
 from nnterp.sweep import per_token_states
-from nnterp.testing.tasks import Sample
+from nnterp.testing.tasks import VALUES, Sample
 
-__all__ = ["answers", "conv_width", "recurrent_layers", "swap_memory", "knock_out_attention"]
+__all__ = ["answers", "conv_width", "corrupt_value", "length_groups", "onset", "recurrent_layers", "swap_memory", "knock_out_attention"]
 
 
 def recurrent_layers(model: Any) -> list[int]:
@@ -51,7 +52,8 @@ def _ids(model: Any, prompts: Sequence[str]) -> torch.Tensor:
     return model.tokenizer(list(prompts), return_tensors="pt").input_ids
 
 
-def _groups(samples: Sequence[Sample]) -> dict[int, list[int]]:
+def length_groups(samples: Sequence[Sample]) -> dict[int, list[int]]:
+    """``{length: [index, ...]}``: the samples' indices by prompt length (a batch of one length needs no padding)."""
     groups = defaultdict(list)
     for index, sample in enumerate(samples):
         groups[len(sample.words)].append(index)
@@ -65,7 +67,7 @@ def _token(model: Any, words: Sequence[str]) -> torch.Tensor:
 def answers(model: Any, samples: Sequence[Sample], batch: int = 64) -> torch.Tensor:
     """The model's argmax after each sample's prompt (one trace per batch of equal-length prompts), ``[n]`` ids."""
     out = torch.empty(len(samples), dtype=torch.long)
-    for rows in _groups(samples).values():
+    for rows in length_groups(samples).values():
         for start in range(0, len(rows), batch):
             chunk = rows[start:start + batch]
             with torch.no_grad(), model.trace(_ids(model, [samples[i].prompt for i in chunk]), use_cache=False):
@@ -122,7 +124,7 @@ def swap_memory(model: Any, samples: Sequence[Sample], donors: Sequence[Sample],
     the context is the donor's (see the module doc), ``[n]`` ids."""
     hybrid = len(recurrent_layers(model)) < len(model.layers)
     out = torch.empty(len(samples), dtype=torch.long)
-    for rows in _groups(samples).values():
+    for rows in length_groups(samples).values():
         for start in range(0, len(rows), batch):
             chunk = rows[start:start + batch]
             ids = _ids(model, [samples[i].prompt for i in chunk])
@@ -139,7 +141,7 @@ def knock_out_attention(model: Any, samples: Sequence[Sample], layer: int, donor
     (or, with ``donors``, replaced by its output on the donor prompt), ``[n]`` ids."""
     out = torch.empty(len(samples), dtype=torch.long)
     attention = model.layers[layer].self_attn
-    for rows in _groups(samples).values():
+    for rows in length_groups(samples).values():
         for start in range(0, len(rows), batch):
             chunk = rows[start:start + batch]
             replacement = []
@@ -157,3 +159,22 @@ def knock_out_attention(model: Any, samples: Sequence[Sample], layer: int, donor
 def answer_ids(model: Any, samples: Sequence[Sample]) -> torch.Tensor:
     """Each sample's answer as a token id, ``[n]``."""
     return _token(model, [s.answer for s in samples])
+
+
+def corrupt_value(sample: Sample, rng: random.Random) -> tuple[str, str]:
+    """``(prompt, value)``: ``sample``'s prompt with the queried pair's value replaced by a value of no pair of it."""
+    taken = {value for _, value in sample.pairs}
+    other = rng.choice([v for v in VALUES if v not in taken])
+    where = sample.value_positions[sample.queried]
+    return " ".join(other if i == where else w for i, w in enumerate(sample.words)), other
+
+
+def onset(estimate: torch.Tensor, share: float = 0.5) -> int:
+    """The first index of a layer's row of estimates ``[positions]`` whose size reaches ``share`` of the row's largest.
+
+    A binding, once written, is in every later state of its layer, so replacing the state after any token from the
+    write to the query replaces it: `state_attribution`'s row is a plateau from the write on, and its largest cell
+    anywhere on it. Where the plateau starts is the write.
+    """
+    size = estimate.abs()
+    return int((size >= share * size.max()).nonzero()[0])

@@ -168,6 +168,13 @@ class PlantedFacts:
         words = [rng.choice(FILLER) for _ in range(n)] + [*subject, RELATION]
         return Sample(" ".join(words), self.facts[subject], (n, n + 1), (), 0, (subject,))
 
+    def donor(self, rng: random.Random, sample: Sample) -> Sample:
+        """The same filler with another subject, whose attribute differs from ``sample``'s (a prompt of the same length)."""
+        others = [subject for subject, attribute in sorted(self.facts.items()) if attribute != sample.answer]
+        subject = rng.choice(others)
+        words = sample.words[: sample.key_positions[0]] + [*subject, RELATION]
+        return Sample(" ".join(words), self.facts[subject], sample.key_positions, (), 0, (subject,))
+
     def samples(self, n: int, seed: int = 0, **kwargs) -> Iterator[Sample]:
         rng = random.Random(seed)
         for _ in range(n):
