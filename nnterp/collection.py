@@ -175,7 +175,7 @@ def _run_batch(model: Any, tokenizer: Any, batch: list, reads: list, positions: 
         saved = nnsight.save({})
         for name, owner, attribute, axis, arguments in plan:
             if arguments:
-                saved[name] = {key: x.clone() if isinstance(x, torch.Tensor) else x for key, x in owner.record().serve_all().items()}
+                saved[name] = {key: replay.kept(x) for key, x in replay.arguments_of(owner).items()}
                 continue
             got = getattr(owner, attribute)
             if axis is None:
