@@ -8,6 +8,8 @@ uninterrupted one value for value, bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import os
 import subprocess
@@ -207,33 +209,86 @@ def test_a_store_killed_mid_run_resumes_to_the_uninterrupted_store(load, tmp_pat
     assert {name: (path / name).stat().st_mtime_ns for name in kept} == kept  # the listed batches were not run again
 
 
-def _factorized_kinds() -> list[str]:
+def _recurrent_kinds() -> list[str]:
     from tests.recurrent.test_per_token import KINDS
 
-    return [t for t in KINDS if REGISTRY[t].MIXER.FAST is not None]
+    return KINDS
 
 
-@pytest.mark.parametrize("model_type", _factorized_kinds())
+def _adapter(model_type: str):
+    """The kind's cache adapter (`tests.suites.caches`), as the family's suite declares it."""
+    module = importlib.import_module(f"tests.families.test_{model_type}")
+    return next(c.CACHE for c in vars(module).values() if isinstance(c, type) and getattr(c, "MODEL_TYPE", None) == model_type)
+
+
+def _batch_of_two(model, model_type: str) -> list[str]:
+    """A left-padded batch of two, or two prompts of one length where the family refuses padding (its model ignores the mask)."""
+    if REGISTRY[model_type].PADDING_REFUSED is None:
+        return [PROMPTS[2], PROMPTS[0]]
+    length = lambda p: len(model.tokenizer(p).input_ids)  # noqa: E731
+    return [PROMPTS[2], next(p for p in (PROMPTS[2].replace("Paris", w) for w in ("Rome", "Berlin")) if length(p) == length(PROMPTS[2]))]
+
+
+def _assert_states(got, expected, what):
+    """Equal within 1e-5 of the largest entry (per part where the cache keeps several: the mLSTM's C, n, m)."""
+    for g, e in zip(got, expected) if isinstance(expected, tuple) else [(got, expected)]:
+        scale = e.abs().max()
+        torch.testing.assert_close(g / scale, e / scale, rtol=0, atol=1e-5, msg=what)
+
+
+@pytest.mark.parametrize("model_type", _recurrent_kinds())
 def test_factorized_states_replay_to_the_hf_cache_after_each_prefix(model_type, load, plains, tmp_path):
-    from tests.suites.caches import Cache
-
-    model, plain = load(model_type), plains(model_type)
+    model, plain, adapter = load(model_type), plains(model_type), _adapter(model_type)
     layer = next(i for i, block in enumerate(model.layers) if block.linear_attn is not None)
     name = f"layers.{layer}.linear_attn.states"
-    prompts = [PROMPTS[2], PROMPTS[0]]  # a left-padded batch of two
+    prompts = _batch_of_two(model, model_type)
     store = nnterp.collect(model, prompts, tmp_path / "store", [name, "logits"], positions=-1, batch_size=2,
                            factorized=True, checkpoint_every=4, progress=False)
+    batch = model.tokenizer(prompts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        padded_logits = plain(**batch).logits
     for i, prompt in enumerate(prompts):
         ids = model.tokenizer(prompt, return_tensors="pt").input_ids
-        expected = Cache().prefix_states(plain, ids, layer)[0]  # the state after each prefix, one HF forward each
-        scale = expected.abs().max()
+        pad = batch.input_ids.shape[1] - ids.shape[1]
         got = store.states(i, layer, range(ids.shape[1]))
-        torch.testing.assert_close(got / scale, expected / scale, rtol=0, atol=1e-5)
-        for t in (3, 4, 5, 8, -1):  # the last token of a segment (a checkpoint), the first after one, between
-            torch.testing.assert_close(store.state(i, layer, t) / scale, expected[t] / scale, rtol=0, atol=1e-5)
+        with torch.no_grad():
+            alone = plain(ids).logits[0]
+        if torch.allclose(padded_logits[i, pad:], alone, rtol=1e-4, atol=1e-4):  # transformers runs the row as the prompt alone
+            expected = adapter.prefix_states(plain, ids, layer)  # the state after each prefix, one HF forward each
+            expected = tuple(x[0] for x in expected) if isinstance(expected, tuple) else expected[0]
+            _assert_states(adapter.served(got), expected, f"{model_type} prompt {i}: every state vs the HF cache")
+            for t in (3, 4, 5, 8, -1):  # the last token of a segment (a checkpoint), the first after one, between
+                at = tuple(x[t] for x in expected) if isinstance(expected, tuple) else expected[t]
+                _assert_states(adapter.served(store.state(i, layer, t)), at, f"{model_type} prompt {i}, state({t})")
+        else:  # its padding enters the recurrence (RecurrentGemma's convolution): the row as the batch computed it
+            assert pad and REGISTRY[model_type].PADDING_DIFFERS is not None, model_type
+            with torch.no_grad(), model.trace(prompts):
+                live = model.layers[layer].linear_attn.states_of(list(range(pad, batch.input_ids.shape[1]))).save()
+            _assert_states(got, live[i], f"{model_type} padded prompt {i} vs the live states of its batch")
         torch.testing.assert_close(store.value(i, name), got)
     with pytest.raises(InvalidArgument, match="factorized=True"):
         store.states(0, layer + 1 if layer + 1 < len(model.layers) else layer - 1, [0])
+
+
+def test_reading_one_state_replays_at_most_checkpoint_every_tokens_of_its_segment(load, tmp_path):
+    model = load("qwen3_5_text")
+    layer = next(i for i, block in enumerate(model.layers) if block.linear_attn is not None)
+    name = f"layers.{layer}.linear_attn.states"
+    store = nnterp.collect(model, ["word " * 40], tmp_path / "store", [name], factorized=True, checkpoint_every=8, progress=False)
+    spec, lengths = store.specs[name], []
+
+    def counting(arguments, out):
+        lengths.append(arguments["k"].shape[1])
+        return spec.compute(arguments, out)
+
+    store.specs[name] = dataclasses.replace(spec, compute=counting)
+    whole = store.states(0, layer, [-1, 20, 3])
+    assert lengths and max(lengths) <= 8 and sum(lengths) <= 8 + 5 + 4, lengths  # three segments, each up to its position
+    lengths.clear()
+    store.state(0, layer, -1)
+    assert sum(lengths) <= 8, lengths
+    store.specs[name] = spec
+    torch.testing.assert_close(whole, store.states(0, layer, [-1, 20, 3]))
 
 
 def test_a_factorized_store_is_smaller_than_the_states_and_says_what_it_cannot_factorize(load, tmp_path):

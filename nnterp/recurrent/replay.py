@@ -56,7 +56,7 @@ def spec_of(mixer: Any, what: str) -> FastSpec:
     ``REPLAY`` where its effective attention is its own (lightning attention's).
     """
     kind = type(mixer)
-    spec = kind.FAST or getattr(kind, "REPLAY", None) or SPECS.get(getattr(kind.EFFECTIVE, "name", None))
+    spec = getattr(kind, "FAST", None) or getattr(kind, "REPLAY", None) or SPECS.get(getattr(getattr(kind, "EFFECTIVE", None), "name", None))
     if spec is None:
         raise Unavailable(
             what, f"{kind.__name__} has no fast spec (nnterp.fast) to replay its states from its kernel's "
