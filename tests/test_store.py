@@ -18,11 +18,14 @@ import textwrap
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 import nnterp
 from nnterp import InvalidArgument, PositionError, StateStore, Unavailable, WrongType
 from nnterp.families import REGISTRY, absent
 from nnterp.testing import tiny_checkpoint
+from tests.reference.hf_oracles import cache_kwarg
+from tests.suites.caches import ModuleState
 
 PROMPTS = ["The cat sat on the mat", "Hello there", "A longer prompt about the Eiffel Tower in Paris", "x y z"]
 FAMILIES = sorted(t for t in REGISTRY if absent(t) is None)
@@ -261,10 +264,19 @@ def test_factorized_states_replay_to_the_hf_cache_after_each_prefix(model_type, 
                 at = tuple(x[t] for x in expected) if isinstance(expected, tuple) else expected[t]
                 _assert_states(adapter.served(store.state(i, layer, t)), at, f"{model_type} prompt {i}, state({t})")
         else:  # its padding enters the recurrence (RecurrentGemma's convolution): the row as the batch computed it
-            assert pad and REGISTRY[model_type].PADDING_DIFFERS is not None, model_type
+            assert pad and isinstance(adapter, ModuleState) and REGISTRY[model_type].PADDING_DIFFERS is not None, model_type
+            width = batch.input_ids.shape[1]
             with torch.no_grad(), model.trace(prompts):
-                live = model.layers[layer].linear_attn.states_of(list(range(pad, batch.input_ids.shape[1]))).save()
+                live = model.layers[layer].linear_attn.states_of(list(range(pad, width))).save()
             _assert_states(got, live[i], f"{model_type} padded prompt {i} vs the live states of its batch")
+            expected, positions = [], (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)  # as generate and a trace pass them
+            for t in range(pad, width):  # the HF state after each prefix of the padded batch (the module keeps it)
+                plain._setup_cache(plain.config, 2, "cpu", torch.float32)
+                with torch.no_grad():
+                    plain(**{key: value[:, : t + 1] for key, value in batch.items()}, position_ids=positions[:, : t + 1],
+                          use_cache=True, **{cache_kwarg(plain): DynamicCache(config=plain.config)})
+                expected.append(adapter.read((plain, None), layer)[i])
+            _assert_states(got, torch.stack(expected), f"{model_type} padded prompt {i} vs the HF state after each prefix of its batch")
         torch.testing.assert_close(store.value(i, name), got)
     with pytest.raises(InvalidArgument, match="factorized=True"):
         store.states(0, layer + 1 if layer + 1 < len(model.layers) else layer - 1, [0])
