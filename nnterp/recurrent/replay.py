@@ -15,7 +15,7 @@ the prompt's first token starts from where it is not zeros (``start``), and
 the state after every ``checkpoint_every``-th token (float32). The state after
 ``t`` is then the spec run from the checkpoint at or before ``t`` over the
 tokens up to ``t``: at most ``checkpoint_every`` tokens of one layer, and only
-those tokens are read from disk (`Factorized.loaded` reads slices).
+those tokens are read from disk (`loaded` reads slices).
 
 `Factorized` is one prompt's record for one layer: ``tokens`` (each
 ``[seq, ...]``, tokens first as the component serves them, or a reader of
