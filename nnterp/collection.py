@@ -106,10 +106,11 @@ def collect(
     (every token), an int or a list (negative ones count from each prompt's end), or a callable of a prompt's
     token ids returning those. ``batch_size`` prompts run per trace (``remote=True``: on NDIF, each batch's
     values coming back as it ends). A tqdm bar counts the prompts. ``trace_kwargs`` go to every trace.
-    ``factorized=True`` stores each ``...linear_attn.states`` value as what the recurrence writes (every token's
-    kernel arguments, and the state after every ``checkpoint_every``-th token: `nnterp.recurrent.replay`), read
-    back by ``store.state(i, layer, t)`` / ``store.states(i, layer, positions)`` (``positions`` does not apply
-    to it); locally only.
+    ``factorized=True`` stores each ``...linear_attn.states`` value (any recurrent kind) as what the recurrence
+    writes (every token's kernel arguments the states are computed from, and the state after every
+    ``checkpoint_every``-th token: `nnterp.recurrent.replay`), read back by ``store.state(i, layer, t)`` /
+    ``store.states(i, layer, positions)``, each from the checkpoint before it (``positions`` does not apply to
+    it); locally only.
     Returns the store, opened (`StateStore`). The module docstring says how a killed run resumes.
     """
     what = "collect"
@@ -175,7 +176,7 @@ def _run_batch(model: Any, tokenizer: Any, batch: list, reads: list, positions: 
         saved = nnsight.save({})
         for name, owner, attribute, axis, arguments in plan:
             if arguments:
-                saved[name] = {key: x.clone() if isinstance(x, torch.Tensor) else x for key, x in owner.record().serve_all().items()}
+                saved[name] = {key: replay.kept(x) for key, x in replay.arguments_of(owner).items()}
                 continue
             got = getattr(owner, attribute)
             if axis is None:

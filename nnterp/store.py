@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 
 from .core import indices
 from .core.errors import InvalidArgument
-from .families import REGISTRY
+from .fast import SPECS
 from .recurrent import replay
 
 MANIFEST = "manifest.json"
@@ -117,8 +117,7 @@ class StateStore:
             raise InvalidArgument(f"the store at {self.path} has format {self.manifest.get('format')!r}; this nnterp reads format {FORMAT}")
         self.manifest["prompts"] = listed(self.path)[0]
         # Each factorized value's fast spec, found once by the name the manifest keeps.
-        specs = {f.MIXER.FAST.name: f.MIXER.FAST for f in REGISTRY.values() if f.MIXER is not None and f.MIXER.FAST is not None}
-        self.specs = {name: specs[entry["spec"]] for name, entry in self.manifest.get("factorized", {}).items()}
+        self.specs = {name: SPECS[entry["spec"]] for name, entry in self.manifest.get("factorized", {}).items()}
 
     def __len__(self) -> int:
         return len(self.manifest["prompts"])
@@ -146,7 +145,7 @@ class StateStore:
         if name not in self.manifest["values"]:
             raise InvalidArgument(f"the store at {self.path} holds no {name!r}: it holds {self.manifest['values']}")
         if name in self.manifest.get("factorized", {}):
-            return self._factorized(i, name).states(list(range(self._record(i)["length"])))
+            return self._replayed(i, name, list(range(self._record(i)["length"])))
         return self._read(i, name)
 
     def state(self, i: int, layer: int, t: int) -> torch.Tensor:
@@ -156,21 +155,22 @@ class StateStore:
 
     def states(self, i: int, layer: int, positions: Any) -> torch.Tensor:
         """The states after ``positions`` (ints, negative from the end) of prompt ``i`` in ``layer``'s mixer,
-        ``[len(positions), ...state]``: each stretch between checkpoints replayed once."""
+        ``[len(positions), ...state]`` in the format the kind's spec writes (float32): each stretch between checkpoints
+        replayed once, from the checkpoint before it, reading only its tokens from the shard."""
         name = f"layers.{layer}.linear_attn.states"
         if name not in self.manifest.get("factorized", {}):
             held = list(self.manifest.get("factorized", {})) or "none"
             raise InvalidArgument(f"the store at {self.path} holds no factorized {name!r} (factorized: {held}); collect it with factorized=True")
         length = self._record(i)["length"]
         chosen = indices.selection(positions, length, "StateStore.states", place=f"prompt {i}'s {length} tokens")
-        return self._factorized(i, name).states(list(range(length)) if chosen is None else chosen)
+        return self._replayed(i, name, list(range(length)) if chosen is None else chosen)
 
-    def _factorized(self, i: int, name: str) -> replay.Factorized:
+    def _replayed(self, i: int, name: str, positions: list[int]) -> torch.Tensor:
         entry = self.manifest["factorized"][name] | self.manifest["arguments"][name]
         record = self._record(i)
         with safe_open(str(self.path / record["shard"]), framework="pt") as shard:
-            return replay.loaded(self.specs[name], shard.get_tensor, f"{record['index']}/{name}", entry["tokens"], entry["shared"],
-                                 entry["plain"], entry["checkpoint_every"])
+            found = replay.loaded(self.specs[name], shard, f"{record['index']}/{name}", entry, record["length"])
+            return found.states(positions)
 
     def stack(self, name: str) -> torch.Tensor:
         """``value(i, name)`` of every prompt, stacked: ``[len(store), ...]`` (refused where the shapes differ)."""

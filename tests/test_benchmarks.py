@@ -187,3 +187,19 @@ def test_the_sweep_target_is_forwards_per_cell_averaged_over_the_kinds():
     assert found[(each, "kimi_delta_attention, L=512")] == (pytest.approx(1.9), False)
     assert found[(each, "gated_deltanet, L=512")] == (pytest.approx(1.2), True)
     assert found[("knockout_sweep: forwards per cell, mean over the kinds ≤ 1.3", "every kind, L=512")] == (pytest.approx(1.2666, abs=1e-3), True)
+
+
+def test_store_script_writes_its_section_and_the_runner_keeps_it(tmp_path):
+    # The store rows on the tiny model: the section replaces the page's, and run.write keeps it when the page is rewritten.
+    from benchmarks import store
+
+    page = tmp_path / "performance.md"
+    page.write_text("# Performance\n\n" + store.SECTION + "\nnot run\n" + store.END + "\n")
+    text = store.main(["--size", "tiny", "--prompts", "4", "--batch", "2", "--length", "12", "--checkpoint-every", "4", "--reps", "1",
+                       "--cache", str(tmp_path / "models"), "--page", str(page)])
+    assert text.startswith(store.SECTION) and text.rstrip().endswith(store.END)
+    rows = [line for line in text.splitlines() if line.startswith("| collect")]
+    assert len(rows) == 2 and all("KiB" in row and "x: " in row for row in rows)
+    assert "not run" not in page.read_text() and page.read_text().count(store.SECTION) == 1
+    run.write(str(page), "# Performance\n\nrewritten\n")
+    assert page.read_text().count(store.SECTION) == 1 and "rewritten" in page.read_text()

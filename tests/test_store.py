@@ -8,6 +8,8 @@ uninterrupted one value for value, bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import os
 import subprocess
@@ -16,11 +18,14 @@ import textwrap
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 import nnterp
 from nnterp import InvalidArgument, PositionError, StateStore, Unavailable, WrongType
 from nnterp.families import REGISTRY, absent
 from nnterp.testing import tiny_checkpoint
+from tests.reference.hf_oracles import cache_kwarg
+from tests.suites.caches import ModuleState
 
 PROMPTS = ["The cat sat on the mat", "Hello there", "A longer prompt about the Eiffel Tower in Paris", "x y z"]
 FAMILIES = sorted(t for t in REGISTRY if absent(t) is None)
@@ -207,36 +212,102 @@ def test_a_store_killed_mid_run_resumes_to_the_uninterrupted_store(load, tmp_pat
     assert {name: (path / name).stat().st_mtime_ns for name in kept} == kept  # the listed batches were not run again
 
 
-def _factorized_kinds() -> list[str]:
+def _recurrent_kinds() -> list[str]:
     from tests.recurrent.test_per_token import KINDS
 
-    return [t for t in KINDS if REGISTRY[t].MIXER.FAST is not None]
+    return KINDS
 
 
-@pytest.mark.parametrize("model_type", _factorized_kinds())
+def _adapter(model_type: str):
+    """The kind's cache adapter (`tests.suites.caches`), as the family's suite declares it."""
+    module = importlib.import_module(f"tests.families.test_{model_type}")
+    return next(c.CACHE for c in vars(module).values() if isinstance(c, type) and getattr(c, "MODEL_TYPE", None) == model_type)
+
+
+def _batch_of_two(model, model_type: str) -> list[str]:
+    """A left-padded batch of two, or two prompts of one length where the family refuses padding (its model ignores the mask)."""
+    if REGISTRY[model_type].PADDING_REFUSED is None:
+        return [PROMPTS[2], PROMPTS[0]]
+    length = lambda p: len(model.tokenizer(p).input_ids)  # noqa: E731
+    return [PROMPTS[2], next(p for p in (PROMPTS[2].replace("Paris", w) for w in ("Rome", "Berlin")) if length(p) == length(PROMPTS[2]))]
+
+
+def _assert_states(got, expected, what):
+    """Equal within 1e-5 of the largest entry (per part where the cache keeps several: the mLSTM's C, n, m)."""
+    for g, e in zip(got, expected) if isinstance(expected, tuple) else [(got, expected)]:
+        scale = e.abs().max()
+        torch.testing.assert_close(g / scale, e / scale, rtol=0, atol=1e-5, msg=what)
+
+
+@pytest.mark.parametrize("model_type", _recurrent_kinds())
 def test_factorized_states_replay_to_the_hf_cache_after_each_prefix(model_type, load, plains, tmp_path):
-    from tests.suites.caches import Cache
-
-    model, plain = load(model_type), plains(model_type)
+    model, plain, adapter = load(model_type), plains(model_type), _adapter(model_type)
     layer = next(i for i, block in enumerate(model.layers) if block.linear_attn is not None)
     name = f"layers.{layer}.linear_attn.states"
-    prompts = [PROMPTS[2], PROMPTS[0]]  # a left-padded batch of two
+    prompts = _batch_of_two(model, model_type)
     store = nnterp.collect(model, prompts, tmp_path / "store", [name, "logits"], positions=-1, batch_size=2,
                            factorized=True, checkpoint_every=4, progress=False)
+    batch = model.tokenizer(prompts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        padded_logits = plain(**batch).logits
     for i, prompt in enumerate(prompts):
         ids = model.tokenizer(prompt, return_tensors="pt").input_ids
-        expected = Cache().prefix_states(plain, ids, layer)[0]  # the state after each prefix, one HF forward each
-        scale = expected.abs().max()
+        pad = batch.input_ids.shape[1] - ids.shape[1]
         got = store.states(i, layer, range(ids.shape[1]))
-        torch.testing.assert_close(got / scale, expected / scale, rtol=0, atol=1e-5)
-        for t in (3, 4, 5, 8, -1):  # the last token of a segment (a checkpoint), the first after one, between
-            torch.testing.assert_close(store.state(i, layer, t) / scale, expected[t] / scale, rtol=0, atol=1e-5)
+        with torch.no_grad():
+            alone = plain(ids).logits[0]
+        if torch.allclose(padded_logits[i, pad:], alone, rtol=1e-4, atol=1e-4):  # transformers runs the row as the prompt alone
+            expected = adapter.prefix_states(plain, ids, layer)  # the state after each prefix, one HF forward each
+            expected = tuple(x[0] for x in expected) if isinstance(expected, tuple) else expected[0]
+            _assert_states(adapter.served(got), expected, f"{model_type} prompt {i}: every state vs the HF cache")
+            for t in (3, 4, 5, 8, -1):  # the last token of a segment (a checkpoint), the first after one, between
+                at = tuple(x[t] for x in expected) if isinstance(expected, tuple) else expected[t]
+                _assert_states(adapter.served(store.state(i, layer, t)), at, f"{model_type} prompt {i}, state({t})")
+        else:  # its padding enters the recurrence (RecurrentGemma's convolution): the row as the batch computed it
+            assert pad and isinstance(adapter, ModuleState) and REGISTRY[model_type].PADDING_DIFFERS is not None, model_type
+            width = batch.input_ids.shape[1]
+            with torch.no_grad(), model.trace(prompts):
+                live = model.layers[layer].linear_attn.states_of(list(range(pad, width))).save()
+            _assert_states(got, live[i], f"{model_type} padded prompt {i} vs the live states of its batch")
+            expected, positions = [], (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)  # as generate and a trace pass them
+            for t in range(pad, width):  # the HF state after each prefix of the padded batch (the module keeps it)
+                plain._setup_cache(plain.config, 2, "cpu", torch.float32)
+                with torch.no_grad():
+                    plain(**{key: value[:, : t + 1] for key, value in batch.items()}, position_ids=positions[:, : t + 1],
+                          use_cache=True, **{cache_kwarg(plain): DynamicCache(config=plain.config)})
+                expected.append(adapter.read((plain, None), layer)[i])
+            _assert_states(got, torch.stack(expected), f"{model_type} padded prompt {i} vs the HF state after each prefix of its batch")
         torch.testing.assert_close(store.value(i, name), got)
     with pytest.raises(InvalidArgument, match="factorized=True"):
         store.states(0, layer + 1 if layer + 1 < len(model.layers) else layer - 1, [0])
 
 
-def test_a_factorized_store_is_smaller_than_the_states_and_says_what_it_cannot_factorize(load, tmp_path):
+def test_reading_one_state_replays_at_most_checkpoint_every_tokens_of_its_segment(load, tmp_path):
+    model = load("qwen3_5_text")
+    layer = next(i for i, block in enumerate(model.layers) if block.linear_attn is not None)
+    name = f"layers.{layer}.linear_attn.states"
+    store = nnterp.collect(model, ["word " * 40], tmp_path / "store", [name], factorized=True, checkpoint_every=8, progress=False)
+    spec, lengths = store.specs[name], []
+
+    def counting(arguments, out):
+        lengths.append(arguments["k"].shape[1])
+        return spec.compute(arguments, out)
+
+    store.specs[name] = dataclasses.replace(spec, compute=counting)
+    whole = store.states(0, layer, [-1, 20, 3])
+    assert lengths and max(lengths) <= 8 and sum(lengths) <= 8 + 5 + 4, lengths  # three segments, each up to its position
+    lengths.clear()
+    store.state(0, layer, -1)
+    assert sum(lengths) <= 8, lengths
+    store.specs[name] = spec
+    torch.testing.assert_close(whole, store.states(0, layer, [-1, 20, 3]))
+
+
+def test_a_factorized_store_keeps_what_writes_the_states_and_is_smaller_than_them(load, tmp_path):
+    from safetensors import safe_open
+
+    from nnterp.recurrent import replay
+
     model = load("qwen3_5_text")
     layer = next(i for i, block in enumerate(model.layers) if block.linear_attn is not None)
     name = f"layers.{layer}.linear_attn.states"
@@ -244,11 +315,19 @@ def test_a_factorized_store_is_smaller_than_the_states_and_says_what_it_cannot_f
     with nnterp.fast_states(model):
         whole = nnterp.collect(model, prompt, tmp_path / "whole", [name], progress=False)
     small = nnterp.collect(model, prompt, tmp_path / "small", [name], factorized=True, checkpoint_every=64, progress=False)
+    config, seq = model._module.config, small.ids(0).numel()
+    with safe_open(str(next(small.path.glob("shard-*"))), "pt") as shard:
+        kept = {key.rpartition("/")[2]: shard.get_tensor(key) for key in shard.keys() if "/tokens/" in key}
+    assert sorted(kept) == ["beta", "g", "k", "v"]  # q only reads the state: not kept
+    # Per token, k [key_heads, key_dim], v [value_heads, value_dim], g and β [value_heads], in the dtype the kernel got.
+    heads, key_dim, value_dim = config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim
+    numbers = config.linear_num_key_heads * key_dim + heads * value_dim + 2 * heads
+    assert sum(x.numel() for x in kept.values()) == seq * numbers and all(x.dtype == torch.float32 for x in kept.values())
     size = lambda store: sum(p.stat().st_size for p in store.path.glob("shard-*"))  # noqa: E731
-    assert size(small) < 0.35 * size(whole)  # 104 numbers a token against the state's 512, and 3 checkpoints of 512
+    assert size(small) < 0.2 * size(whole)  # 72 numbers a token against the state's 512, and 3 checkpoints of 512
     torch.testing.assert_close(small.states(0, layer, [-1])[0], whole.value(0, name)[-1], rtol=1e-5, atol=1e-6)
-    with pytest.raises(Unavailable, match="factorized=False"):
-        nnterp.collect(load("rwkv"), PROMPTS, tmp_path / "rwkv", ["layers.0.linear_attn.states"], factorized=True, progress=False)
+    with pytest.raises(Unavailable, match="factorized=False"):  # a mixer no fast spec replays (none is registered)
+        replay.spec_of(object(), "a factorized store of states")
     with pytest.raises(InvalidArgument, match="checkpoint_every"):
         nnterp.collect(model, PROMPTS, tmp_path / "bad", [name], factorized=True, checkpoint_every=0, progress=False)
     with pytest.raises(InvalidArgument, match="remote=False"):

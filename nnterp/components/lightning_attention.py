@@ -88,6 +88,7 @@ from ..core.calls import mediator, per_call, pinned
 from ..core.dims import ConvState, Gates, Hidden, Queries, State, States, Values
 from ..core.errors import NnterpError, SignatureError, UnsupportedRelease
 from ..core.values import DerivedEProperty, module_output
+from ..fast.lightning_attention import FAST as LIGHTNING
 from ..fast.lightning_attention import lightning_attention
 from ..recurrent.forward_call import ForwardCall
 from ..recurrent.kernels import signature
@@ -138,6 +139,8 @@ class LightningAttention(RecurrentMixer):
     CONV_FUNCTIONS: tuple = ()
     #: The forward returns its final state with or without a cache, so `state_output` is served without one.
     FINAL_STATE_WITHOUT_CACHE = True
+    #: The spec a factorized store replays its states with (`nnterp.recurrent.replay`; no fast path is attached).
+    REPLAY = LIGHTNING
     #: Its states are always computed from the call's own q, k, v and decays (as the fast path's are), so a read
     #: after the forward has run (state_output first) is still served.
     STATES_FROM_ARGUMENTS = True
@@ -247,6 +250,11 @@ class LightningAttention(RecurrentMixer):
         """What `_effective` reads: the call's q, k, decays and entering state."""
         call = self.record()
         return {"q": call.q, "k": call.k, "g": call.g, "initial": call.initial}
+
+    def replay_arguments(self) -> dict:
+        """What a factorized store keeps of this call (`nnterp.recurrent.replay`): its q, k, v, decays, entering state."""
+        call = self.record()
+        return {"q": call.q, "k": call.k, "v": call.v, "g": call.g, "state": call.initial}
 
     def kernel_output(self) -> torch.Tensor:
         """The call's output before the norm and the gate, ``[batch, seq, mixer_heads, value_dim]``, read where the

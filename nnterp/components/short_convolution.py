@@ -359,6 +359,12 @@ class ShortConvolution(RecurrentMixer):
             "window": None if self.record().strategy["fresh"] else entering,
         }
 
+    def replay_arguments(self) -> dict:
+        """What a factorized store keeps of this call (`nnterp.recurrent.replay`, by `nnterp.fast.short_convolution`'s
+        names): the convolution's input ``u``, its weight and bias, the entering window."""
+        inputs = self.effective_inputs()
+        return {"u": self._conv_input(), "weight": inputs["weight"], "bias": inputs["bias"], "window": inputs["window"]}
+
     def _effective(self, positions: Any, selection: Any, coefficients: bool) -> tuple:
         return SHORT_CONV_ATTENTION.compute(self.effective_inputs(), positions, selection, coefficients)
 

@@ -35,13 +35,15 @@ The package-level names of the four specs the components use:
 ``GATED_DELTA``, ``KIMI_DELTA``, ``SSD``, ``SCAN`` (fast paths) and
 ``GATED_DELTA_ATTENTION``, ``KIMI_DELTA_ATTENTION``, ``SSD_ATTENTION``,
 ``SCAN_ATTENTION`` (effective attention); the other kinds' as
-``nnterp.fast.<kind>.FAST`` / ``.EFFECTIVE``.
+``nnterp.fast.<kind>.FAST`` / ``.EFFECTIVE``; ``SPECS``, every kind's fast spec by its
+name (the one name its ``FAST`` and ``EFFECTIVE`` share).
 
 ``nnterp.fast_states(model)`` opts a model's mixers in (the strategy is
 `nnterp.recurrent.per_token.from_arguments`). All states are float32,
 ``[batch, seq, heads, ...state]``. Nothing here imports nnsight or the rest of nnterp.
 """
 
+from . import lightning_attention, mlstm, rg_lru, short_convolution, wkv
 from .buffers import cached_bytes, empty_cache, empty_states
 from .gated_deltanet import GATED_EFFECTIVE as GATED_DELTA_ATTENTION
 from .gated_deltanet import GATED_FAST as GATED_DELTA
@@ -60,6 +62,12 @@ from .spec import EffectiveSpec, FastSpec
 from .state_space import EFFECTIVE as SSD_ATTENTION
 from .state_space import FAST as SSD
 from .state_space import ssd_attention, ssd_states
+
+#: Every kind's fast spec by its name, the name a factorized store keeps (`nnterp.recurrent.replay.spec_of`).
+SPECS = {
+    spec.name: spec
+    for spec in (GATED_DELTA, KIMI_DELTA, SSD, SCAN, lightning_attention.FAST, mlstm.FAST, rg_lru.FAST, wkv.FAST, short_convolution.FAST)
+}
 
 __all__ = [
     "gated_delta_states",
@@ -85,4 +93,5 @@ __all__ = [
     "empty_states",
     "empty_cache",
     "cached_bytes",
+    "SPECS",
 ]

@@ -341,7 +341,7 @@ def _scores(x: torch.Tensor, k: torch.Tensor, cum: torch.Tensor, causal: torch.T
 
 
 def _states(kind: Any, a: dict, out: torch.Tensor | None, **options: Any) -> Any:
-    return kind(a["q"], a["k"], a["v"], a["g"], a["beta"], a.get("state"), use_qk_l2norm=bool(a.get("l2norm") or False), out=out, **options)
+    return kind(a.get("q", a["k"]), a["k"], a["v"], a["g"], a["beta"], a.get("state"), use_qk_l2norm=bool(a.get("l2norm") or False), out=out, **options)  # the states never read q (a replay keeps none)
 
 
 def gated_states(arguments: dict, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -391,9 +391,9 @@ def kimi_effective_attention(arguments: dict, positions: Any, heads: Any, coeffi
 
 TOKENS = ("q", "k", "v", "g", "beta")
 #: transformers' ``torch_chunk_gated_delta_rule`` (Qwen3.5, Qwen3-Next, OLMo-Hybrid).
-GATED_FAST = FastSpec("gated delta rule", gated_states, TOKENS, state_shape, one_pass=gated_one_pass)
+GATED_FAST = FastSpec("gated delta rule", gated_states, TOKENS, state_shape, one_pass=gated_one_pass, state_tokens=TOKENS[1:])
 #: transformers' ``chunk_kimi_delta_attention`` (Kimi-Linear).
-KIMI_FAST = FastSpec("Kimi delta attention", kimi_states, TOKENS, state_shape, one_pass=kimi_one_pass)
+KIMI_FAST = FastSpec("Kimi delta attention", kimi_states, TOKENS, state_shape, one_pass=kimi_one_pass, state_tokens=TOKENS[1:])
 #: transformers' gated delta rule kernels (Qwen3.5, Qwen3-Next, OLMo-Hybrid).
 GATED_EFFECTIVE = EffectiveSpec("gated delta rule", gated_effective_attention, "heads")
 #: Kimi delta attention's kernels (Kimi-Linear).

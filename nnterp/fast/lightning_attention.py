@@ -143,7 +143,7 @@ def lightning_tap_readout(q: torch.Tensor, g: torch.Tensor, taps: torch.Tensor) 
 def states(arguments: dict, out: torch.Tensor | None = None) -> torch.Tensor:
     """The state after every token: in place without autograd (`lightning_states`, into ``out``), else the token loop's."""
     a = arguments
-    q, k, v, g, state = a["q"], a["k"], a["v"], a["g"], a.get("state")
+    q, k, v, g, state = a.get("q"), a["k"], a["v"], a["g"], a.get("state")
     if differentiable(k, v, g, state):
         return lightning_scan(q, k, v, g, state, keep=True)[2]
     return lightning_states(k, v, g, state, out)
@@ -176,6 +176,6 @@ def effective_attention(arguments: dict, positions: Any, heads: Any, coefficient
 
 
 #: MiniMax's lightning attention (the forward's own block loop and decode loop).
-FAST = FastSpec("lightning attention", states, ("q", "k", "v", "g"), state_shape, one_pass=one_pass)
+FAST = FastSpec("lightning attention", states, ("q", "k", "v", "g"), state_shape, one_pass=one_pass, state_tokens=("k", "v", "g"))
 #: MiniMax's lightning attention, prompt and decode step alike.
 EFFECTIVE = EffectiveSpec("lightning attention", effective_attention, "heads")

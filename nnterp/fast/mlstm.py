@@ -296,7 +296,7 @@ def states(arguments: dict, out: torch.Tensor | None = None) -> torch.Tensor:
     a = arguments
     k, v, i, f, state = a["k"], a["v"], a["igate"], a["fgate"], a.get("state")
     if differentiable(k, v, i, f, state):
-        return mlstm_states(a["q"], k, v, i, f, state)
+        return mlstm_states(a.get("q"), k, v, i, f, state)
     return mlstm_states_into(k, v, i, f, state, out)
 
 
@@ -325,6 +325,6 @@ def effective_attention(arguments: dict, positions: Selection, heads: Selection,
 
 
 #: The mLSTM backend's call (xLSTM): its chunkwise kernel, and its one-step kernel on a decode step.
-FAST = FastSpec("mLSTM", states, ("q", "k", "v", "igate", "fgate"), state_shape, one_pass=one_pass)
+FAST = FastSpec("mLSTM", states, ("q", "k", "v", "igate", "fgate"), state_shape, one_pass=one_pass, state_tokens=("k", "v", "igate", "fgate"))
 #: The mLSTM backend's call (xLSTM), by `nnterp.components.mlstm.MLSTM`'s signature table's names.
 EFFECTIVE = EffectiveSpec("mLSTM", effective_attention, "heads")

@@ -99,7 +99,14 @@ def effective_attention(arguments: dict, positions: Any, channels: Any, coeffici
     return out, readout
 
 
+def entering(arguments: dict) -> torch.Tensor | None:
+    """The state the scan starts from, ``[batch, lru_width]``: zeros in a row that resets at its first token (the
+    scan drops what it held: a prompt), so a replay never keeps a state the recurrence discards."""
+    state = arguments.get("state")
+    return state.float() * ~arguments["reset"][:, 0] if isinstance(state, torch.Tensor) else None
+
+
 #: RecurrentGemma's ``_rnn_scan``, prompt and decode step alike.
-FAST = FastSpec("rg-lru scan", states, ("x", "a", "reset"), state_shape)
+FAST = FastSpec("rg-lru scan", states, ("x", "a", "reset"), state_shape, entering=entering)
 #: RecurrentGemma's ``_rnn_scan``, prompt and decode step alike.
 EFFECTIVE = EffectiveSpec("rg-lru scan", effective_attention, "channels")

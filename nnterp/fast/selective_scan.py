@@ -358,6 +358,9 @@ def effective_attention(arguments: dict, positions: Any, channels: Any, coeffici
 
 
 #: transformers' ``mamba_selective_scan`` (Mamba-1, Falcon-Mamba, Jamba), which starts from zeros: ``resume``.
-FAST = FastSpec("selective scan", states, ("x", "dt", "B", "C", "z"), state_shape, resume, output_axis=2, one_pass=one_pass, ring=True)
+FAST = FastSpec(
+    "selective scan", states, ("x", "dt", "B", "C", "z"), state_shape, resume, output_axis=2, one_pass=one_pass, ring=True,
+    state_tokens=("x", "dt", "B"),
+)
 #: Mamba-1's selective scan and decode step.
 EFFECTIVE = EffectiveSpec("selective scan", effective_attention, "channels")

@@ -33,7 +33,7 @@ import torch
 
 from .spec import EffectiveSpec, FastSpec, indices
 
-__all__ = ["window_states", "states", "state_shape", "effective_attention", "FAST", "EFFECTIVE"]
+__all__ = ["window_states", "states", "state_shape", "entering", "starting", "effective_attention", "FAST", "EFFECTIVE"]
 
 
 def window_states(u: torch.Tensor, width: int, window: torch.Tensor | None = None) -> torch.Tensor:
@@ -96,7 +96,17 @@ def effective_attention(arguments: dict, positions: Any, channels: Any, coeffici
     return out, readout[:, rows]
 
 
+def entering(arguments: dict) -> torch.Tensor | None:
+    """The window entering the call (``None``: zeros), the format of a state `states` writes."""
+    return arguments.get("window")
+
+
+def starting(window: torch.Tensor | None) -> dict:
+    """The arguments that start the windows from ``window`` ``[batch, conv_channels, L]``."""
+    return {"window": window}
+
+
 #: LFM2's ``causal_conv1d_fn`` / ``causal_conv1d_update`` over the gated input.
-FAST = FastSpec("short convolution", states, ("u",), state_shape)
+FAST = FastSpec("short convolution", states, ("u",), state_shape, entering=entering, starting=starting)
 #: LFM2's short convolution over ``B ⊙ x``, prompt and decode step alike.
 EFFECTIVE = EffectiveSpec("short convolution", effective_attention, "channels")

@@ -81,9 +81,28 @@ class FastSpec:
     ring: bool = False
     #: The kernel output's token axis (split outputs are concatenated on it): Mamba-1's is channel-first.
     output_axis: int = 1
+    #: The ``tokens`` the states are written from (the others only the output reads: queries, Mamba's ``C``, ``z``);
+    #: ``None``: all of them. A replay of the states (`nnterp.recurrent.replay`) stores only these.
+    state_tokens: tuple | None = None
+    #: The state ``arguments`` start from as one of ``compute``'s own states ``[batch, ...state]`` (``None``: zeros, a
+    #: fresh prompt), where the call takes it in another format than ``compute`` returns (RWKV-4's triple, a window).
+    entering: Callable[[dict], torch.Tensor | None] | None = None
+    #: The inverse: the arguments that make ``compute`` continue from one of its own states (``{"state": state}``).
+    starting: Callable[[torch.Tensor | None], dict] | None = None
 
     def __repr__(self) -> str:
         return f"FastSpec({self.name})"
+
+    def entering_state(self, arguments: dict) -> torch.Tensor | None:
+        """The state ``arguments`` start from, ``[batch, ...state]`` as ``compute`` writes states, or ``None`` (zeros)."""
+        if self.entering is not None:
+            return self.entering(arguments)
+        state = arguments.get("state")
+        return state if isinstance(state, torch.Tensor) else None
+
+    def starting_from(self, state: torch.Tensor | None) -> dict:
+        """The arguments that make ``compute`` start from ``state`` (one of its own, ``[batch, ...state]``; ``None``: zeros)."""
+        return self.starting(state) if self.starting is not None else {"state": state}
 
 
 @dataclass(frozen=True)

@@ -221,6 +221,6 @@ def effective_attention(arguments: dict, positions: Any, heads: Any, coefficient
 
 
 #: transformers' ``mamba2_chunk_scan`` (Mamba-2).
-FAST = FastSpec("state space duality", states, ("x", "dt", "B", "C"), state_shape, one_pass=one_pass, ring=True)
+FAST = FastSpec("state space duality", states, ("x", "dt", "B", "C"), state_shape, one_pass=one_pass, ring=True, state_tokens=("x", "dt", "B"))
 #: Mamba-2's chunk scan and decode step.
 EFFECTIVE = EffectiveSpec("state space duality", effective_attention, "heads")

@@ -204,7 +204,18 @@ def effective_attention(arguments: dict, positions: Any, channels: Any, coeffici
     return wkv_attention(a["time_decay"], a["time_first"], a["k"], state, positions, channels, coefficients)
 
 
+def entering(arguments: dict) -> torch.Tensor | None:
+    """The kernel's entering ``(num, den, max)`` stacked as `states` writes a state, ``[batch, 3, channels]`` float32."""
+    state = arguments.get("state")
+    return None if state is None else torch.stack([part.float() for part in state], 1)
+
+
+def starting(state: torch.Tensor | None) -> dict:
+    """A state as `states` writes it, ``[batch, 3, channels]``, as the kernel's ``state`` triple."""
+    return {"state": None if state is None else list(state.unbind(1))}
+
+
 #: transformers' ``rwkv_linear_attention`` (RWKV-4): its CPU loop, prompt and decode step alike.
-FAST = FastSpec("WKV", states, ("k", "v"), state_shape, one_pass=one_pass)
+FAST = FastSpec("WKV", states, ("k", "v"), state_shape, one_pass=one_pass, entering=entering, starting=starting)
 #: transformers' ``rwkv_linear_attention`` (RWKV-4), prompt and decode step alike.
 EFFECTIVE = EffectiveSpec("WKV", effective_attention, "channels")

@@ -3,25 +3,38 @@
 Mental model. A recurrent mixer's state after token ``t`` is a function of
 the state before the call and the kernel's arguments at tokens ``0..t`` (the
 keys, values, write strengths and decays of a gated DeltaNet; ``x``, ``Δ``,
-``B`` on Mamba): its fast spec (``FAST``, `nnterp.fast.spec.FastSpec`)
-computes it. So instead of the states, ``[seq, ...state]`` per prompt
-(``key_dim · value_dim`` numbers per head and token on a DeltaNet), a store
-can keep the per-token arguments the spec reads (``tokens``: about ``key_dim +
-value_dim`` per head and token), the arguments shared by every token (``A``,
-``dt_bias``, flags) once, and the state after every ``checkpoint_every``-th
-token. The state after ``t`` is then the spec run from the checkpoint at or
-before ``t`` over the tokens up to ``t``: at most ``checkpoint_every`` tokens
-of one layer.
+``B`` on Mamba; a window's inputs on a short convolution): its kind's fast
+spec (`nnterp.fast.spec.FastSpec`, `spec_of`) computes it. So instead of the
+states, ``[seq, ...state]`` per prompt (``key_dim · value_dim`` numbers per
+head and token on a DeltaNet), a store keeps the per-token arguments the
+states are written from (``tokens``: the spec's ``state_tokens``, about
+``key_dim + value_dim`` per head and token on a DeltaNet: the queries, which
+only the output reads, are not kept), in the dtype the kernel received them,
+the arguments shared by every token (``A``, ``dt_bias``, flags) once, the state
+the prompt's first token starts from where it is not zeros (``start``), and
+the state after every ``checkpoint_every``-th token (float32). The state after
+``t`` is then the spec run from the checkpoint at or before ``t`` over the
+tokens up to ``t``: at most ``checkpoint_every`` tokens of one layer, and only
+those tokens are read from disk (`loaded` reads slices).
 
 `Factorized` is one prompt's record for one layer: ``tokens`` (each
-``[seq, ...]``, tokens first as the component serves them), ``shared``
-(tensors and plain values), and ``checkpoints`` ``[n, ...state]``, the states
-after tokens ``every - 1, 2 · every - 1, ...``. The checkpoints are computed
-by the same replay from the stored arguments, so a replayed state is the
-spec's state of the stored arguments: within float32 rounding of the live one.
+``[seq, ...]``, tokens first as the component serves them, or a reader of
+slices of them), ``shared`` (tensors and plain values), ``start`` (``None``:
+zeros) and ``checkpoints`` ``[n, ...state]``, the states after tokens ``every
+- 1, 2 · every - 1, ...``. States and checkpoints are in the format the spec
+writes (``[3, channels]`` on RWKV-4, the packed ``[..., value_dim + 2]`` on
+the mLSTM, the window ``[conv_channels, L]`` on a short convolution); where the
+kernel takes its entering state in another format, the kind's spec converts it
+(``FastSpec.entering_state`` / ``starting_from``, in its ``nnterp.fast`` file).
+The checkpoints are computed by the same replay from the stored arguments, so
+a replayed state is the spec's state of the stored arguments: within float32
+rounding of the live one.
 
-Only a kind with a fast spec can be stored this way (`spec_of` says which
-spec, or why not).
+A left-padded row: its prompt's tokens are stored, and ``start`` is the state
+after the padding (the spec run over the padding's arguments from the call's
+entering state), so a family whose model runs the padding through the
+recurrence (RecurrentGemma's convolution, say) replays the row as the batch
+computed it; on a family that masks the padding it is zeros and not stored.
 """
 
 from __future__ import annotations
@@ -31,33 +44,54 @@ from typing import Any
 import torch
 
 from ..core.errors import Unavailable
+from ..fast import SPECS
 from ..fast.spec import FastSpec
 
 
 def spec_of(mixer: Any, what: str) -> FastSpec:
-    """The fast spec that replays ``mixer``'s states, or `Unavailable` saying why there is none."""
-    spec = getattr(type(mixer), "FAST", None)
+    """The fast spec that replays ``mixer``'s states, or `Unavailable` saying why there is none.
+
+    Its component's ``FAST`` where a fast path is attached; else the spec of the same name as its effective
+    attention's (a kind file of `nnterp.fast` names its ``FAST`` and ``EFFECTIVE`` alike), or the component's
+    ``REPLAY`` where its effective attention is its own (lightning attention's).
+    """
+    kind = type(mixer)
+    spec = getattr(kind, "FAST", None) or getattr(kind, "REPLAY", None) or SPECS.get(getattr(getattr(kind, "EFFECTIVE", None), "name", None))
     if spec is None:
         raise Unavailable(
-            what, f"{type(mixer).__name__} has no fast spec (nnterp.fast) to replay its states from its kernel's "
+            what, f"{kind.__name__} has no fast spec (nnterp.fast) to replay its states from its kernel's "
             "arguments: collect its states unfactorized (factorized=False), at the positions you need",
         )
     return spec
 
 
-class Factorized:
-    """One prompt's per-token states of one layer, as the arguments that write them plus checkpoints (module docstring)."""
+def arguments_of(mixer: Any) -> dict:
+    """This call's arguments by its spec's names, tokens first, with the state entering the call: the record's
+    served arguments, or the kind's own ``replay_arguments()`` where the record does not serve them by those names
+    (lightning attention's forward; the short convolution, whose kernel takes the window and the inputs as one tensor)."""
+    if hasattr(type(mixer), "replay_arguments"):
+        return mixer.replay_arguments()
+    return mixer.record().serve_all()
 
-    def __init__(self, spec: FastSpec, tokens: dict, shared: dict, every: int, checkpoints: torch.Tensor | None = None) -> None:
-        self.spec, self.tokens, self.shared, self.every = spec, tokens, shared, every
-        self.seq = next(iter(tokens.values())).shape[0]
+
+class Factorized:
+    """One prompt's per-token states of one layer, as the arguments that write them plus checkpoints (module docstring).
+
+    ``tokens`` and ``checkpoints`` are tensors or anything sliced like one along tokens (a shard's lazy slices).
+    """
+
+    def __init__(
+        self, spec: FastSpec, tokens: dict, shared: dict, every: int, seq: int, start: torch.Tensor | None = None,
+        checkpoints: Any = None,
+    ) -> None:
+        self.spec, self.tokens, self.shared, self.every, self.seq, self.start = spec, tokens, shared, every, seq, start
         self.checkpoints = self._checkpoints() if checkpoints is None else checkpoints
 
     def _arguments(self, lo: int, hi: int, start: torch.Tensor | None) -> dict:
-        """The spec's arguments for tokens ``lo .. hi - 1`` from the state ``start`` (``None``: a fresh prompt), batch of one."""
+        """The spec's arguments for tokens ``lo .. hi - 1`` from the state ``start`` (``None``: zeros), batch of one."""
         found = dict(self.shared)
         found.update({name: value[lo:hi][None] for name, value in self.tokens.items()})
-        found["state"] = start[None] if start is not None else None
+        found.update(self.spec.starting_from(start[None] if start is not None else None))
         return found
 
     def replay(self, lo: int, hi: int, start: torch.Tensor | None) -> torch.Tensor:
@@ -65,9 +99,9 @@ class Factorized:
         return self.spec.compute(self._arguments(lo, hi, start), None)[0]
 
     def _checkpoints(self) -> torch.Tensor:
-        found, start = [], None
+        found, start = [], self.start
         for lo in range(0, self.seq - self.seq % self.every, self.every):
-            start = self.replay(lo, lo + self.every, start)[-1]
+            start = self.replay(lo, lo + self.every, start)[-1].clone()
             found.append(start)
         if not found:
             shape = self.spec.state_shape(self._arguments(0, self.seq, None))[1:]
@@ -75,20 +109,23 @@ class Factorized:
         return torch.stack(found)
 
     def states(self, positions: list[int]) -> torch.Tensor:
-        """The states after each of ``positions`` (from 0, in the order given): each segment replayed once."""
+        """The states after each of ``positions`` (from 0, in the order given): each segment replayed once, from the
+        checkpoint before it (the first from ``start``), over its tokens up to the last position asked in it."""
         found: dict = {}
         for segment in sorted({t // self.every for t in positions}):
             lo = segment * self.every
-            start = self.checkpoints[segment - 1] if segment else None
+            start = self.checkpoints[segment - 1 : segment][0] if segment else self.start
             hi = max(t for t in positions if t // self.every == segment) + 1
             for offset, state in enumerate(self.replay(lo, hi, start)):
                 found[lo + offset] = state
         return torch.stack([found[t] for t in positions])
 
     def tensors(self, prefix: str) -> dict:
-        """What a shard keeps of it, under ``prefix``: the token arguments, the shared tensors and the checkpoints."""
+        """What a shard keeps of it, under ``prefix``: the token arguments, the shared tensors, the start, the checkpoints."""
         found = {f"{prefix}/tokens/{name}": value.contiguous() for name, value in self.tokens.items()}
         found.update({f"{prefix}/shared/{name}": value.contiguous() for name, value in self.shared.items() if isinstance(value, torch.Tensor)})
+        if self.start is not None:
+            found[f"{prefix}/start"] = self.start.contiguous()
         found[f"{prefix}/checkpoints"] = self.checkpoints.contiguous()
         return found
 
@@ -97,27 +134,47 @@ class Factorized:
         return {name: value for name, value in self.shared.items() if not isinstance(value, torch.Tensor)}
 
 
+def kept(value: Any) -> Any:
+    """``value`` (a tensor, or a tuple of them: RWKV-4's state) detached, on the CPU, as a copy."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu").clone()
+    if isinstance(value, (tuple, list)) and value and all(isinstance(x, torch.Tensor) for x in value):
+        return [x.detach().to("cpu").clone() for x in value]
+    return list(value) if isinstance(value, tuple) else value
+
+
 def from_served(spec: FastSpec, served: dict, row: int, real: torch.Tensor, every: int) -> Factorized:
-    """Row ``row`` of a call's served arguments (tokens first), at the prompt's own tokens ``real`` (a padded row's)."""
+    """Row ``row`` of a call's served arguments (tokens first), at the prompt's own tokens ``real`` (a padded row's,
+    in order, the padding before them)."""
+    entering = set(spec.starting_from(None))  # the names the entering state goes by ("state", a window)
+    written = spec.state_tokens or spec.tokens
     tokens, shared = {}, {}
     for name, value in served.items():
-        if name in ("state", "final"):
+        if name in entering or name == "final":
             continue
         if name in spec.tokens:
-            if value is not None:
-                tokens[name] = value[row].index_select(0, real.to(value.device)).detach().to("cpu").clone()
-        elif isinstance(value, torch.Tensor):
-            shared[name] = value.detach().to("cpu").clone()
-        elif value is None or isinstance(value, (bool, int, float, str, list, tuple)):
-            shared[name] = list(value) if isinstance(value, tuple) else value
-    if served.get("state") is not None:
-        raise Unavailable("a factorized store of states", "this call starts from a state (a decode step or an assigned state_input); collect prompts from scratch")
-    return Factorized(spec, tokens, shared, every)
+            if name in written and value is not None:
+                tokens[name] = kept(value[row].index_select(0, real.to(value.device)))
+        elif isinstance(value, torch.Tensor) or value is None or isinstance(value, (bool, int, float, str, list, tuple)):
+            shared[name] = kept(value)
+    state = spec.entering_state(served)
+    start = None if state is None else state[row : row + 1].float()
+    first = int(real[0]) if real.numel() else 0
+    if first:  # the padding before the prompt, run through the recurrence as the batch ran it
+        arguments = {name: value for name, value in served.items() if name not in spec.tokens}
+        arguments.update({name: served[name][row : row + 1, :first] for name in written if served.get(name) is not None})
+        arguments.update(spec.starting_from(start))
+        start = spec.compute(arguments, None)[:, -1]
+    if start is not None:
+        start = None if not bool(start.any()) else kept(start[0])
+    return Factorized(spec, tokens, shared, every, int(real.numel()), start)
 
 
-def loaded(spec: FastSpec, read: Any, prefix: str, token_names: list, shared_names: list, plain: dict, every: int) -> Factorized:
-    """A `Factorized` back from a shard (``read(key)`` a tensor) and the manifest's entries."""
-    tokens = {name: read(f"{prefix}/tokens/{name}") for name in token_names}
-    shared = {name: read(f"{prefix}/shared/{name}") for name in shared_names}
-    shared.update(plain)
-    return Factorized(spec, tokens, shared, every, read(f"{prefix}/checkpoints"))
+def loaded(spec: FastSpec, shard: Any, prefix: str, entry: dict, seq: int) -> Factorized:
+    """A `Factorized` back from an open shard (``safe_open``'s) and the manifest's ``entry``: only the shared
+    arguments and the start are read now; the tokens and the checkpoints as the slices a replay reads."""
+    tokens = {name: shard.get_slice(f"{prefix}/tokens/{name}") for name in entry["tokens"]}
+    shared = {name: shard.get_tensor(f"{prefix}/shared/{name}") for name in entry["shared"]}
+    shared.update(entry["plain"])
+    start = shard.get_tensor(f"{prefix}/start") if f"{prefix}/start" in shard.keys() else None
+    return Factorized(spec, tokens, shared, entry["checkpoint_every"], seq, start, shard.get_slice(f"{prefix}/checkpoints"))
