@@ -42,6 +42,7 @@ and one for ``memory_all`` (and, on a hybrid, a copy of the attention cache).
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from contextlib import nullcontext
 from typing import Any
@@ -99,7 +100,7 @@ def long_context_profile(
         )
     targets = _memory_at(memory_at, n) if carries else []
     distances = _lags(lags, n)
-    run = _Run(model, ids, chunk_size, chosen, every, targets, distances)
+    run = ProfileRun(model, ids, chunk_size, chosen, every, targets, distances)
     mixers = [model.layers[i].linear_attn for i in recurrent_layers(model)]
     fast = any(getattr(type(mixer), "FAST", None) is not None for mixer in mixers)
     with torch.no_grad(), (fast_states(model) if fast else nullcontext()):
@@ -187,7 +188,7 @@ def reduce(value: torch.Tensor, dims: list[str], how: str) -> torch.Tensor:
     return x.norm(dim=-1) if how == "norm" else x.mean(dim=-1)
 
 
-class _Run:
+class ProfileRun:
     """One profile's state while it runs: the carried cache, the values kept so far, the pending memory probes."""
 
     def __init__(self, model: Any, ids: torch.Tensor, chunk_size: int, layers: list[int], every: int, targets: list, lags: list) -> None:
@@ -209,6 +210,12 @@ class _Run:
         }
         self.conv = {layer: "conv_state_input" in declared[layer] for layer in self.recurrent}
         self.writes_state = bool(model.family.CHUNK_STATE_INPUT)
+        parameters = inspect.signature(model._module.forward).parameters
+        self.positioned = "position_ids" in parameters
+        self.attends = len(self.recurrent) < len(model.layers) or any(getattr(layer, "self_attn", None) is not None for layer in model.layers)
+        self.cache_positions = "cache_position" in parameters
+        # transformers 5.24 renamed the cache's keyword (and the output's field) to ``cache``; the old names warn.
+        self.argument = "cache" if "cache" in parameters else model.family.CACHE_ARGUMENT
         # Where the reset probes start (t = T - lag > 0); t = 0 resets nothing, so its KL is 0 by definition.
         self.probes: dict[int, list] = {}
         for i, T in enumerate(targets):
@@ -232,10 +239,16 @@ class _Run:
 
     def kwargs(self, start: int, end: int, cache: Any) -> dict:
         kwargs: dict = {"use_cache": True}
+        if self.positioned:
+            kwargs["position_ids"] = torch.arange(start, end)[None]  # as generate passes them (Bamba counts from 0 without)
         if cache is not None:
-            kwargs[self.model.family.CACHE_ARGUMENT] = cache
-            if self.model.family.CACHE_ARGUMENT == "past_key_values":
-                kwargs["cache_position"] = torch.arange(start, end)
+            kwargs[self.argument] = cache
+        if self.attends:
+            # The mask over every token so far, as generate passes it: a chunk's own would hide the cached keys from some
+            # families' attention (Bamba's). Only a hybrid gets one; it grows with the length, like its attention cache.
+            kwargs["attention_mask"] = torch.ones(1, end, dtype=torch.long)
+        if self.cache_positions:
+            kwargs["cache_position"] = torch.arange(start, end)
         return kwargs
 
     def chunk(self, start: int, end: int) -> None:
@@ -257,7 +270,7 @@ class _Run:
             if wanted:
                 saved["logprobs"] = F.log_softmax(model.logits[0, wanted].float(), dim=-1)
             output = model.output.save()
-        self.cache = getattr(output, model.family.CACHE_ARGUMENT, None)
+        self.cache = getattr(output, self.argument, None)
         for layer in layers:
             if ("norm", layer) in saved:
                 self.norms[layer].append(saved[("norm", layer)])
@@ -302,7 +315,7 @@ class _Run:
                 if end == T + 1:
                     saved["logprobs"] = F.log_softmax(model.logits[0, -1].float(), dim=-1)
                 output = model.output.save()
-            cache, first = getattr(output, model.family.CACHE_ARGUMENT, None), False
+            cache, first = getattr(output, self.argument, None), False
             carried = {layer: saved[layer] for layer in self.recurrent} if self.writes_state else carried
         return saved["logprobs"]
 

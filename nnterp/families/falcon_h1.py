@@ -45,7 +45,6 @@ class FalconH1(Bamba):
     DECODER_LAYERS = (MODELING.FalconH1DecoderLayer,)
     COMPONENTS = {MODELING.FalconH1Attention: Attention, MODELING.FalconH1Mixer: StateSpace}
     MIXER = StateSpace
-    CHUNKS_DIFFER = None  # its forward continues a prompt from the cache
 
     @classmethod
     def logits_scale(cls, config) -> float:

@@ -56,7 +56,6 @@ class GraniteMoeHybrid(Bamba):
     DECODER_LAYERS = (MODELING.GraniteMoeHybridDecoderLayer,)
     COMPONENTS = {MODELING.GraniteMoeHybridAttention: Attention, MODELING.GraniteMoeHybridMambaLayer: StateSpace}
     MIXER = StateSpace
-    CHUNKS_DIFFER = None  # its forward continues a prompt from the cache
 
     @classmethod
     def logits_scale(cls, config) -> float:

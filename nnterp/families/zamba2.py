@@ -84,7 +84,6 @@ class Zamba2(Bamba):
     # The shared block's MLP class is served by the MLP component (a hybrid's `mlp`), by class: no path reaches it.
     COMPONENTS = {MODELING.Zamba2Attention: Attention, MODELING.Zamba2MambaMixer: StateSpace, MODELING.Zamba2MLP: MLP}
     MIXER = StateSpace
-    CHUNKS_DIFFER = None  # its forward continues a prompt from the cache
 
     #: A hybrid block runs the shared transformer block (attention, MLP) before its Mamba-2 mixer.
     PART_ORDER = ("self_attn", "mlp", "linear_attn")
