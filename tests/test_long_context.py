@@ -270,3 +270,21 @@ def test_the_plot_draws_one_layer(load):
     profile = nnterp.long_context_profile(model, _ids(model, 16), chunk_size=5, memory_at=[15], lags=[0, 2, 8], progress=False)
     figure = profile.plot()
     assert len(figure.axes) == 3 and figure.axes[2].get_lines()
+
+
+def test_the_benchmark_page_keeps_the_long_context_section(tmp_path):
+    """`benchmarks/long_context.py` replaces its own section in place, and `benchmarks/run.py` keeps it when it
+    rewrites the page without one."""
+    from benchmarks import long_context, run
+
+    rows = [{"length": 4096, "loaded_kib": 1000, "peak_kib": 1024, "seconds": 1.0, "layers": 2},
+            {"length": 8192, "loaded_kib": 1000, "peak_kib": 1200, "seconds": 2.0, "layers": 2}]
+    page = tmp_path / "performance.md"
+    page.write_text("# Performance\n\nintro\n\n" + long_context.BEGIN + "\nold\n" + long_context.END + "\n\n## After\n")
+    page.write_text(long_context.with_section(page.read_text(), long_context.render(rows, 2048)))
+    text = page.read_text()
+    assert "old" not in text and text.count(long_context.BEGIN) == 1 and text.index("## After") > text.index(long_context.END)
+    assert "| 1.172 |" in text and "1.172x, missed" in text  # 1200 / 1024
+    run.write(str(page), "# Performance\n\nrewritten\n")
+    kept = page.read_text()
+    assert "rewritten" in kept and long_context.SECTION.search(kept).group(0) == long_context.SECTION.search(text).group(0)
