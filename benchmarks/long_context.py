@@ -37,6 +37,7 @@ END = "<!-- /long-context -->"
 SECTION = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", flags=re.S)
 MODEL = "xlstm"
 TARGET = 1.1
+TARGET_LENGTH = 262144  # issue 26: the peak at 256k tokens against the peak at 4k
 ROWS = 256
 CHILD = """
 import json, resource, sys, time
@@ -87,9 +88,16 @@ def render(results: list[dict], chunk_size: int) -> str:
             f"| {row['length']:,} | {row['peak_kib'] / 1024:.0f} | {row['peak_kib'] / first:.3f} | {row['loaded_kib'] / 1024:.0f} | "
             f"{row['seconds']:.1f} | {row['seconds'] / row['length'] * 1e6:.0f} |"
         )
-    ratio = results[-1]["peak_kib"] / first
+    at = next((row for row in results if row["length"] == TARGET_LENGTH), results[-1])
+    ratio = at["peak_kib"] / first
     verdict = "met" if ratio <= TARGET else "missed"
-    lines += ["", f"Target: peak at {results[-1]['length']:,} tokens ≤ {TARGET}x the peak at {results[0]['length']:,}: {ratio:.3f}x, {verdict}.", END]
+    longest = "" if at is results[-1] else f" (at {results[-1]['length']:,}: {results[-1]['peak_kib'] / first:.3f}x)"
+    lines += [
+        "",
+        f"Target: peak at {at['length']:,} tokens ≤ {TARGET}x the peak at {results[0]['length']:,}: {ratio:.3f}x, {verdict}{longest}. "
+        "Times come from a machine other work shares, so they are upper bounds; the peaks do not depend on it.",
+        END,
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -106,9 +114,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--chunk-size", type=int, default=2048)
     parser.add_argument("--out", default=str(ROOT / "docs" / "performance.md"))
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--measured", help="a file of the JSON lines an earlier run printed: render those, measure nothing")
     args = parser.parse_args(argv)
     results = []
-    for length in sorted(args.lengths):
+    if args.measured:
+        results = sorted((json.loads(line) for line in Path(args.measured).read_text().splitlines() if line.startswith("{")), key=lambda r: r["length"])
+    for length in [] if args.measured else sorted(args.lengths):
         results.append(measure(length, args.chunk_size, args.python))
         print(json.dumps(results[-1]), flush=True)
     path = Path(args.out)

@@ -25,14 +25,19 @@ prediction at ``T`` changes when the context before ``t`` is taken away (near
 0: the prediction no longer depends on it). Here the context is taken away by
 resetting the recurrent state (and convolution window) entering token ``t``
 to zeros, which on a recurrent-only model is exactly running ``x_t..x_T``
-from a fresh state, and ``d`` is ``KL(p_full || p_reset)`` of the next-token
-distributions (natural log), not the paper's total variation, so that it
-reads like the patch effects elsewhere in nnterp. Two differences, both
-deliberate: ``memory[layer]`` resets that one layer only (which layer keeps
+from a fresh state. ``d`` here is ``KL(p_full || p_reset)`` of the two
+next-token distributions (natural log), so that it reads like nnterp's patch
+effects; the paper takes a bounded distance between them (total variation, as
+we read it), so compare shapes of curves with the paper's, not values. Two
+more differences, both deliberate: ``memory[layer]`` resets that one layer only (which layer keeps
 the context; the paper resets the whole model, which is ``memory_all``:
 every recurrent layer at once), and on a hybrid the attention layers keep
 their cache of ``x_0..x_{t-1}`` (the recurrent state's memory, not the
 attention's). ``t`` runs over ``T - lag`` for each lag in ``lags``.
+
+Failure mode worth knowing: every chunk runs with a cache, so a model
+transformers cannot run with one (a Qwen3.5 text model whose layers are all
+linear attention, `nnterp.recurrent.no_cache`) is refused with `Unavailable`.
 
 Costs: one forward of the sequence, plus, per position ``T`` in
 ``memory_at`` and lag, one forward of ``lag + 1`` tokens per requested layer
@@ -56,6 +61,7 @@ from .core.dims import BATCH, CHANNELS, CONV_CHANNELS, LRU_WIDTH, MIXER_HEADS, S
 from .core.errors import EmptyPrompt, InvalidArgument, Unavailable, WrongType
 from .core.indices import layer_indices
 from .profile_result import LongContextProfile
+from .recurrent.no_cache import needs_a_cache
 from .recurrent.settings import fast_states
 from .selection import recurrent_layers
 
@@ -87,6 +93,8 @@ def long_context_profile(
             raise InvalidArgument(f"`{WHAT}`: {name} is a positive int (a number of tokens), got {value!r}")
     chosen = _layers(model, layers)
     family = model.family
+    if needs_a_cache(model) is not None:
+        raise Unavailable(f"`{WHAT}`", f"every chunk continues the cache the one before left, and {needs_a_cache(model)}")
     carries = family.CHUNKS_DIFFER is None or family.CHUNK_STATE_INPUT
     if n > chunk_size and not carries:
         raise Unavailable(

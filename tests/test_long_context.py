@@ -19,9 +19,10 @@ import torch
 import torch.nn.functional as F
 
 import nnterp
-from nnterp import EmptyPrompt, InvalidArgument, PositionError, Unavailable, WrongType
+from nnterp import EmptyPrompt, InvalidArgument, PositionError, StandardizedTransformer, Unavailable, WrongType
 from nnterp.components.mlstm import MLSTM
 from nnterp.families import REGISTRY, absent, families
+from nnterp.testing import toy_checkpoint
 from tests.reference import hf_oracles as hf
 from tests.suites.caches import Cache, ConvCache, LinearCache, ModuleState, WKVState, XLSTMCache
 
@@ -107,7 +108,7 @@ def test_norms_equal_the_hf_caches_state_after_each_prefix(model_type, load, pla
     for layer, norms in profile.state_norm.items():
         for row, position in ((0, 0), (3, 6), (6, 12)):
             _, cache = adapter.prefill(plain, ids[None, : position + 1])
-            torch.testing.assert_close(norms[row], _head_norms(adapter.read(cache, layer), kind), rtol=1e-4, atol=1e-5, msg=f"layer {layer} position {position}")
+            torch.testing.assert_close(norms[row], _head_norms(adapter.read(cache, layer), kind), rtol=1e-4, atol=1e-5, msg=lambda text, at=(layer, position): f"{text} (layer, position) {at}")
 
 
 def _zero_by_hand(adapter, cache, layer: int, kind: str, conv: bool) -> None:
@@ -222,6 +223,9 @@ def test_bad_inputs_raise_the_taxonomys_errors_naming_the_fix(load):
             nnterp.long_context_profile(model, progress=False, **kwargs)
     with pytest.raises(InvalidArgument, match="no recurrent mixer on any layer"):
         nnterp.long_context_profile(load("llama"), ids, progress=False)
+    every_layer_linear = StandardizedTransformer(str(toy_checkpoint("deltanet")), dispatch=True, device="cpu")
+    with pytest.raises(Unavailable, match="continues the cache.*cannot run such a model with a cache"):
+        nnterp.long_context_profile(every_layer_linear, ids, chunk_size=4, progress=False)
 
 
 def _tensors(value):
@@ -284,7 +288,7 @@ def test_the_benchmark_page_keeps_the_long_context_section(tmp_path):
     page.write_text(long_context.with_section(page.read_text(), long_context.render(rows, 2048)))
     text = page.read_text()
     assert "old" not in text and text.count(long_context.BEGIN) == 1 and text.index("## After") > text.index(long_context.END)
-    assert "| 1.172 |" in text and "1.172x, missed" in text  # 1200 / 1024
+    assert "| 1.172 |" in text and "8,192 tokens ≤ 1.1x the peak at 4,096: 1.172x, missed" in text  # 1200 / 1024
     run.write(str(page), "# Performance\n\nrewritten\n")
     kept = page.read_text()
     assert "rewritten" in kept and long_context.SECTION.search(kept).group(0) == long_context.SECTION.search(text).group(0)
