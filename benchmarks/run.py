@@ -18,7 +18,7 @@ process's own HF forward (`tl_probe.py`); where it has no adapter, or no
 state reading for the mixer, the page says so. The runner writes the table,
 the targets met or missed, the checks (fast vs routed states) and the exact
 command to ``--out`` (``docs/performance.md``), keeping the "Import time",
-"Soak", "GPU" and "State store" sections other scripts wrote there. Threads: ``--threads``
+"Soak", "GPU", "State store" and "Long contexts" sections other scripts wrote there. Threads: ``--threads``
 (1 by default, set before torch is imported, as the anchors were measured).
 """
 
@@ -177,16 +177,17 @@ def _measure(args: argparse.Namespace, argv: list | None) -> dict:
 SOAK = re.compile(r"<!-- soak:.*?<!-- /soak -->\n?", flags=re.S)
 GPU = re.compile(r"<!-- gpu:.*?<!-- /gpu -->\n?", flags=re.S)
 STORE = re.compile(r"<!-- store:.*?<!-- /store -->\n?", flags=re.S)
+LONG_CONTEXT = re.compile(r"<!-- long-context:.*?<!-- /long-context -->\n?", flags=re.S)
 
 
 def write(out: str, text: str) -> None:
-    """Write the page, keeping the sections `import_time.py`, `soak.py`, `gpu.py` and `store.py` put there (none is rerun here)."""
+    """Write the page, keeping the sections `import_time.py`, `soak.py`, `gpu.py`, `store.py` and `long_context.py` put there (none is rerun here)."""
     from .import_time import section, with_section
 
     path = Path(out)
     old = path.read_text() if path.exists() else ""
     text = with_section(text, section(old) if old else None)
-    for kept in (SOAK, GPU, STORE):
+    for kept in (SOAK, GPU, STORE, LONG_CONTEXT):
         found = kept.search(old)
         if found is not None and not kept.search(text):
             text = text.rstrip("\n") + "\n\n" + found.group(0)

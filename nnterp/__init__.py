@@ -70,13 +70,17 @@ __all__ = [
     "knockout_sweep",
     "collect",
     "StateStore",
+    "long_context_profile",
+    "LongContextProfile",
 ]
 
 
 #: nnterp 1.x's top-level names, imported on first use (``import nnterp`` stays light).
 _ONEX = {"get_rename_dict": "nnterp.rename_utils", "ModuleAccessor": "nnterp.nnsight_utils"}
 #: Toolkit functions, imported on first use too.
-_LAZY = {**_ONEX, "state_steering_vectors": "nnterp.steering", "knockout_sweep": "nnterp.knockout", "collect": "nnterp.collection", "StateStore": "nnterp.store"}
+_LAZY = {**_ONEX, "state_steering_vectors": "nnterp.steering", "knockout_sweep": "nnterp.knockout", "collect": "nnterp.collection", "StateStore": "nnterp.store",
+    "long_context_profile": "nnterp.long_context", "LongContextProfile": "nnterp.profile_result",
+}
 
 
 def __getattr__(name: str):

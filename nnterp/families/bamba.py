@@ -39,6 +39,7 @@ class Bamba(Mamba2):
     DECODER_LAYERS = (MODELING.BambaDecoderLayer,)
     COMPONENTS = {MODELING.BambaAttention: Attention, MODELING.BambaMixer: StateSpace}
     MIXER = StateSpace
+    CHUNKS_DIFFER = None  # its forward continues a prompt from the cache, given the prompt's position_ids
 
     #: ``config.layers_block_type`` entry -> the standard part of that block's mixer.
     BLOCK_TYPES = {"linear_attention": "linear_attn", "full_attention": "self_attn"}

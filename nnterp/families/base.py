@@ -73,6 +73,15 @@ class Family:
     #: Why a left-padded batch's rows differ from each prompt run alone in transformers itself (its forward, or its
     #: decode steps, ignore the padding somewhere), or ``None``: nnterp serves what transformers computes, and says so.
     PADDING_DIFFERS: ClassVar[str | None] = None
+    #: Why transformers' forward does not continue a prompt exactly from the cache an earlier call left (a prefill in
+    #: chunks differs from the whole prompt's), or ``None``; `nnterp.long_context_profile` runs in chunks only where
+    #: it is ``None`` or ``CHUNK_STATE_INPUT`` carries the state instead.
+    CHUNKS_DIFFER: ClassVar[str | None] = None
+    #: Whether writing each recurrent layer's ``state_input`` (the previous chunk's ``state_output``) with the cache
+    #: makes a chunk continue exactly where the forward alone does not.
+    CHUNK_STATE_INPUT: ClassVar[bool] = False
+    #: The forward's keyword taking the cache a previous call returned (and the output's attribute holding it).
+    CACHE_ARGUMENT: ClassVar[str] = "past_key_values"
 
     REAL_CHECKPOINTS: ClassVar[dict[str, RealCheckpoint]] = {}
 

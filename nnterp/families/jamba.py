@@ -52,6 +52,10 @@ class Jamba(Qwen3_5Text):
     DECODER_LAYERS = (MODELING.JambaMambaDecoderLayer, MODELING.JambaAttentionDecoderLayer)
     COMPONENTS = {MODELING.JambaAttention: Attention, MODELING.JambaMambaMixer: SelectiveScan}
     MIXER = SelectiveScan
+    CHUNKS_DIFFER = (
+        "transformers' Mamba-1 forward starts a prompt of several tokens from a zero state and a zero convolution window "
+        "even with a cache (only a one-token step continues it), and the prompt kernel takes no state nnterp could write"
+    )
 
     REAL_CHECKPOINTS = {
         "ai21labs/Jamba-v0.1": RealCheckpoint(

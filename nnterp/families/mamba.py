@@ -35,6 +35,10 @@ class Mamba(Llama):
     DECODER_LAYERS = (MODELING.MambaBlock,)
     COMPONENTS = {MODELING.MambaMixer: SelectiveScan}
     MIXER = SelectiveScan
+    CHUNKS_DIFFER = (
+        "transformers' Mamba-1 forward starts a prompt of several tokens from a zero state and a zero convolution window "
+        "even with a cache (only a one-token step continues it), and the prompt kernel takes no state nnterp could write"
+    )
 
     REAL_CHECKPOINTS = {
         "state-spaces/mamba-2.8b-hf": RealCheckpoint(

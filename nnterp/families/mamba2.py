@@ -22,6 +22,10 @@ class Mamba2(Mamba):
     DECODER_LAYERS = (MODELING.Mamba2Block,)
     COMPONENTS = {MODELING.Mamba2Mixer: StateSpace}
     MIXER = StateSpace
+    CHUNKS_DIFFER = (
+        "transformers' Mamba-2 forward does not continue a prompt of several tokens from its cache's state and convolution "
+        "window, and nnterp cannot write the window entering a prompt"
+    )
 
     REAL_CHECKPOINTS = {
         "AntonV/mamba2-130m-hf": RealCheckpoint(

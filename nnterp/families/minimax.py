@@ -42,6 +42,10 @@ class MiniMax(Qwen3_5Text):
     DECODER_LAYERS = (MODELING.MiniMaxDecoderLayer,)
     COMPONENTS = {MODELING.MiniMaxAttention: Attention, MODELING.MiniMaxLightningAttention: LightningAttention}
     MIXER = LightningAttention
+    CHUNKS_DIFFER = (
+        "transformers' MiniMax forward does not continue a prompt of several tokens from its cache's lightning state "
+        "(a chunked prefill differs from the whole prompt, and writing `state_input` does not mend it)"
+    )
     PADDING_DIFFERS = (
         "transformers' MiniMax cache reports its length from block 0, a lightning block that keeps no keys, so the "
         "attention mask of a decode step is built as for an empty cache and a softmax block no longer masks a "

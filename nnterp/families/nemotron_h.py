@@ -56,6 +56,7 @@ class NemotronH(Mamba2):
     DECODER_LAYERS = (MODELING.NemotronHBlock,)
     COMPONENTS = {MODELING.NemotronHAttention: Attention, MODELING.NemotronHMamba2Mixer: StateSpace}
     MIXER = StateSpace
+    CHUNKS_DIFFER = None  # its forward continues a prompt from the cache
 
     #: ``config.layers_block_type`` entry -> the standard part of that block.
     BLOCK_TYPES = {"linear_attention": "linear_attn", "full_attention": "self_attn", "mlp": "mlp", "moe": "mlp"}

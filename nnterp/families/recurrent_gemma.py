@@ -44,6 +44,10 @@ class RecurrentGemma(Llama):
     DECODER_LAYERS = (MODELING.RecurrentGemmaDecoderLayer,)
     COMPONENTS = {MODELING.RecurrentGemmaAttention: Attention, MODELING.RecurrentGemmaRecurrentBlock: RGLRU}
     MIXER = RGLRU
+    CHUNKS_DIFFER = (
+        "transformers' RecurrentGemma forward does not continue a prompt of several tokens from the RG-LRU state and "
+        "convolution window its modules keep (a chunked prefill differs from the whole prompt)"
+    )
     PADDING_DIFFERS = (
         "transformers' recurrent block ignores the attention mask: a left-padded row's RG-LRU restarts at its first "
         "token (its position 0), but the padding's inputs enter its first conv_width - 1 tokens' convolution, so the "

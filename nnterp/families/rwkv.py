@@ -68,6 +68,8 @@ class Rwkv(Mamba):
     DECODER_LAYERS = (MODELING.RwkvBlock,)
     COMPONENTS = {MODELING.RwkvSelfAttention: WKV}
     MIXER = WKV
+    CHUNKS_DIFFER = None  # its forward continues a prompt from the state list it returned
+    CACHE_ARGUMENT = "state"
 
     REAL_CHECKPOINTS = {
         "RWKV/rwkv-4-169m-pile": RealCheckpoint(

@@ -1,0 +1,352 @@
+"""``nnterp.long_context_profile``: state norms, decays and effective memory over a sequence of any length.
+
+Mental model. The sequence runs in chunks of ``chunk_size`` tokens, one trace
+each, every chunk continuing from the state the one before left: the model's
+own cache (``past_key_values``; RWKV-4's ``state``), which holds each
+recurrent layer's state and convolution window and, on a hybrid, the
+attention layers' keys and values. Where transformers' forward does not
+continue a prompt exactly from that cache, nnterp writes each recurrent
+layer's ``state_input`` from the ``state_output`` the previous chunk read
+(`Family.CHUNK_STATE_INPUT`: the xLSTM); where neither is exact
+(`Family.CHUNKS_DIFFER`), a sequence longer than one chunk is refused. So
+memory holds one chunk's values, the model and its cache: constant on a
+recurrent-only model, and on a hybrid the attention cache grows with the
+length (as it does in ``generate``).
+
+Per chunk, for each requested layer, the trace reduces inside itself: the
+norm of each head's state after each kept token (``states_of`` at those
+tokens: a chunk's states, never the sequence's) and the mean of the log
+decay (``decays``) over the state's other axes. Nothing with a token axis
+longer than the profile's own output is kept.
+
+Effective memory, after Buitrago & Gu's Effective Remembrance (2507.02782):
+``EffRem_T(t) = d(p(. | x_0..x_T), p(. | x_t..x_T))``, how much the
+prediction at ``T`` changes when the context before ``t`` is taken away (near
+0: the prediction no longer depends on it). Here the context is taken away by
+resetting the recurrent state (and convolution window) entering token ``t``
+to zeros, which on a recurrent-only model is exactly running ``x_t..x_T``
+from a fresh state. ``d`` here is ``KL(p_full || p_reset)`` of the two
+next-token distributions (natural log), so that it reads like nnterp's patch
+effects; the paper takes a bounded distance between them (total variation, as
+we read it), so compare shapes of curves with the paper's, not values. Two
+more differences, both deliberate: ``memory[layer]`` resets that one layer only (which layer keeps
+the context; the paper resets the whole model, which is ``memory_all``:
+every recurrent layer at once), and on a hybrid the attention layers keep
+their cache of ``x_0..x_{t-1}`` (the recurrent state's memory, not the
+attention's). ``t`` runs over ``T - lag`` for each lag in ``lags``.
+
+Failure mode worth knowing: every chunk runs with a cache, so a model
+transformers cannot run with one (a Qwen3.5 text model whose layers are all
+linear attention, `nnterp.recurrent.no_cache`) is refused with `Unavailable`.
+
+Costs: one forward of the sequence, plus, per position ``T`` in
+``memory_at`` and lag, one forward of ``lag + 1`` tokens per requested layer
+and one for ``memory_all`` (and, on a hybrid, a copy of the attention cache).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+from contextlib import nullcontext
+from typing import Any
+
+import nnsight
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .core.dims import BATCH, CHANNELS, CONV_CHANNELS, LRU_WIDTH, MIXER_HEADS, SEQ
+from .core.errors import EmptyPrompt, InvalidArgument, Unavailable, WrongType
+from .core.indices import layer_indices
+from .profile_result import LongContextProfile
+from .recurrent.no_cache import needs_a_cache
+from .recurrent.settings import fast_states
+from .selection import recurrent_layers
+
+__all__ = ["long_context_profile", "LongContextProfile"]
+
+WHAT = "long_context_profile"
+#: The axis a state's norm and a decay's mean are kept per: a head, or a channel where the kind has no heads.
+HEAD_AXES = (MIXER_HEADS, CHANNELS, LRU_WIDTH, CONV_CHANNELS)
+
+
+def long_context_profile(
+    model: Any, ids: Any, chunk_size: int = 2048, layers: Any = None, every: int = 1, memory_at: Any = None,
+    lags: Any = None, progress: bool = True,
+) -> LongContextProfile:
+    """Run ``ids`` (``[seq]`` or ``[1, seq]`` token ids) in chunks and profile its recurrent layers (module docstring).
+
+    ``layers``: model layer indices with a recurrent mixer (``None``: all of them). ``every``: keep the norms and
+    decays of tokens ``0, every, 2 * every, ...`` only (``.positions``). ``memory_at``: the positions ``T`` at which
+    effective memory is measured (``None``: four, evenly spaced, the last token among them); ``lags``: the distances
+    ``T - t`` (``None``: 0 and the powers of two up to 4096 below the length). Returns a
+    `LongContextProfile`: ``.state_norm[layer]`` and ``.decay[layer]`` ``[tokens, heads]`` (Mamba-1, RG-LRU, RWKV,
+    the short convolution: channels; no ``decay`` entry for a short convolution, which has no forget gate),
+    ``.memory[layer]`` and ``.memory_all`` ``[len(memory_at), len(lags)]`` (NaN where ``lag > T``).
+    """
+    ids = _ids(ids)
+    n = ids.numel()
+    for name, value in (("chunk_size", chunk_size), ("every", every)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidArgument(f"`{WHAT}`: {name} is a positive int (a number of tokens), got {value!r}")
+    chosen = _layers(model, layers)
+    family = model.family
+    if needs_a_cache(model) is not None:
+        raise Unavailable(f"`{WHAT}`", f"every chunk continues the cache the one before left, and {needs_a_cache(model)}")
+    carries = family.CHUNKS_DIFFER is None or family.CHUNK_STATE_INPUT
+    if n > chunk_size and not carries:
+        raise Unavailable(
+            f"`{WHAT}` in chunks of {chunk_size} on {family.NAME}",
+            f"{family.CHUNKS_DIFFER}; pass chunk_size >= len(ids) ({n}) to run it in one chunk (memory then grows with the length)",
+        )
+    if not carries and memory_at not in (None, []):
+        raise Unavailable(
+            f"`{WHAT}`(memory_at=...) on {family.NAME}",
+            f"a reset at t continues the sequence from the cache at t, and {family.CHUNKS_DIFFER}; pass memory_at=[] (the default here)",
+        )
+    targets = _memory_at(memory_at, n) if carries else []
+    distances = _lags(lags, n)
+    run = ProfileRun(model, ids, chunk_size, chosen, every, targets, distances)
+    mixers = [model.layers[i].linear_attn for i in recurrent_layers(model)]
+    fast = any(getattr(type(mixer), "FAST", None) is not None for mixer in mixers)
+    with torch.no_grad(), (fast_states(model) if fast else nullcontext()):
+        with tqdm(total=n, disable=not progress, desc=WHAT, unit="tok") as bar:
+            run.main(bar)
+    return run.result()
+
+
+def _ids(ids: Any) -> torch.Tensor:
+    if isinstance(ids, str):
+        raise WrongType(f"`{WHAT}` takes token ids, not text: pass model.tokenizer(text, return_tensors='pt').input_ids")
+    if not isinstance(ids, torch.Tensor):
+        try:
+            ids = torch.tensor(ids, dtype=torch.long)
+        except (TypeError, ValueError) as error:
+            raise WrongType(f"`{WHAT}` takes token ids as a 1-d tensor or list of ints ({error})") from None
+    if ids.dim() == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.dim() != 1 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise InvalidArgument(
+            f"`{WHAT}` takes one sequence of token ids, [seq] or [1, seq] integers, got a {ids.dtype} tensor of shape "
+            f"{tuple(ids.shape)}: run one sequence per call (ids[i] for row i)"
+        )
+    if ids.numel() == 0:
+        raise EmptyPrompt(f"`{WHAT}`: the sequence has no tokens")
+    return ids.long()
+
+
+def _layers(model: Any, layers: Any) -> list[int]:
+    recurrent = recurrent_layers(model)
+    if not recurrent:
+        raise InvalidArgument(f"`{WHAT}`: {model.family.NAME} has no recurrent mixer on any layer: there is no state to profile")
+    if layers is None:
+        return recurrent
+    found = set(layer_indices(layers, len(model.layers), f"`{WHAT}`(layers=...)"))
+    missing = sorted(found - set(recurrent))
+    if missing:
+        raise InvalidArgument(
+            f"`{WHAT}`(layers=...): layer(s) {missing} of {model.family.NAME} have no recurrent mixer; pass some of {recurrent}"
+        )
+    return sorted(found)
+
+
+def _memory_at(memory_at: Any, n: int) -> list[int]:
+    if memory_at is None:
+        return sorted({max(0, math.ceil(n * k / 4) - 1) for k in (1, 2, 3, 4)})
+    chosen = [memory_at] if isinstance(memory_at, int) else list(memory_at)
+    found = []
+    for position in chosen:
+        if isinstance(position, bool) or not isinstance(position, int) or not -n <= position < n:
+            raise InvalidArgument(f"`{WHAT}`: memory_at holds positions of the sequence's {n} tokens (ints), got {position!r}")
+        found.append(position % n)
+    return sorted(set(found))
+
+
+def _lags(lags: Any, n: int) -> list[int]:
+    if lags is None:
+        return [0] + [1 << k for k in range(13) if 1 << k < n]
+    chosen = [lags] if isinstance(lags, int) else list(lags)
+    if any(isinstance(lag, bool) or not isinstance(lag, int) or lag < 0 for lag in chosen):
+        raise InvalidArgument(f"`{WHAT}`: lags are distances back from T, ints >= 0, got {lags!r}")
+    return sorted(set(chosen))
+
+
+def head_axis(dims: list[str], what: str) -> int:
+    """The index in ``dims`` (a value's documented axes) of the axis kept per head (or channel)."""
+    for name in HEAD_AXES:
+        if name in dims:
+            return dims.index(name)
+    raise InvalidArgument(f"`{WHAT}`: {what} has no head or channel axis among {dims}")
+
+
+def reduce(value: torch.Tensor, dims: list[str], how: str) -> torch.Tensor:
+    """``value`` (axes ``dims``, batch of 1) as ``[tokens, heads]``: the norm (``how="norm"``) or the mean over the
+    other axes. A value without a token axis (RWKV-4's decays, one per channel) is one row."""
+    head = head_axis(dims, how)
+    others = [i for i, name in enumerate(dims) if i != head and name not in (BATCH, SEQ)]
+    order = [i for i in (dims.index(BATCH) if BATCH in dims else None, dims.index(SEQ) if SEQ in dims else None) if i is not None]
+    x = value.float().permute(*order, head, *others)
+    if BATCH in dims:
+        x = x[0]
+    if SEQ not in dims:
+        x = x[None]
+    x = x.reshape(x.shape[0], x.shape[1], -1)
+    return x.norm(dim=-1) if how == "norm" else x.mean(dim=-1)
+
+
+class ProfileRun:
+    """One profile's state while it runs: the carried cache, the values kept so far, the pending memory probes."""
+
+    def __init__(self, model: Any, ids: torch.Tensor, chunk_size: int, layers: list[int], every: int, targets: list, lags: list) -> None:
+        self.model, self.ids, self.chunk_size, self.layers, self.every = model, ids, chunk_size, layers, every
+        self.n = ids.numel()
+        self.recurrent = recurrent_layers(model)
+        self.targets, self.lags = targets, lags
+        self.cache: Any = None
+        self.carried: dict = {}
+        self.norms: dict = {layer: [] for layer in layers}
+        self.decays: dict = {layer: [] for layer in layers}
+        self.full: dict = {}
+        self.reset: dict = {}
+        declared = {layer: type(model.layers[layer].linear_attn).values() for layer in self.recurrent}
+        # Each value's documented axes, which say where its head (or channel) and token axes are.
+        self.dims = {
+            layer: {name: declared[layer][name].annotation.dim_str.split() for name in ("states", "decays") if name in declared[layer]}
+            for layer in layers
+        }
+        self.conv = {layer: "conv_state_input" in declared[layer] for layer in self.recurrent}
+        self.writes_state = bool(model.family.CHUNK_STATE_INPUT)
+        parameters = inspect.signature(model._module.forward).parameters
+        self.positioned = "position_ids" in parameters
+        self.attends = len(self.recurrent) < len(model.layers) or any(getattr(layer, "self_attn", None) is not None for layer in model.layers)
+        self.cache_positions = "cache_position" in parameters
+        # transformers 5.24 renamed the cache's keyword (and the output's field) to ``cache``; the old names warn.
+        self.argument = "cache" if "cache" in parameters else model.family.CACHE_ARGUMENT
+        # Where the reset probes start (t = T - lag > 0); t = 0 resets nothing, so its KL is 0 by definition.
+        self.probes: dict[int, list] = {}
+        for i, T in enumerate(targets):
+            for j, lag in enumerate(lags):
+                if lag <= T and T - lag > 0:
+                    self.probes.setdefault(T - lag, []).append((i, j, T))
+
+    def boundaries(self) -> list[int]:
+        cuts = set(range(0, self.n, self.chunk_size)) | set(self.probes)
+        return sorted(cuts) + [self.n]
+
+    def main(self, bar: Any) -> None:
+        cuts = self.boundaries()
+        for start, end in zip(cuts[:-1], cuts[1:]):
+            if start in self.probes:
+                self.probe(start)
+            self.chunk(start, end)
+            bar.update(end - start)
+
+    # -- one chunk of the sequence ------------------------------------------------------
+
+    def kwargs(self, start: int, end: int, cache: Any) -> dict:
+        kwargs: dict = {"use_cache": True}
+        if self.positioned:
+            kwargs["position_ids"] = torch.arange(start, end)[None]  # as generate passes them (Bamba counts from 0 without)
+        if cache is not None:
+            kwargs[self.argument] = cache
+        if self.attends:
+            # The mask over every token so far, as generate passes it: a chunk's own would hide the cached keys from some
+            # families' attention (Bamba's). Only a hybrid gets one; it grows with the length, like its attention cache.
+            kwargs["attention_mask"] = torch.ones(1, end, dtype=torch.long)
+        if self.cache_positions:
+            kwargs["cache_position"] = torch.arange(start, end)
+        return kwargs
+
+    def chunk(self, start: int, end: int) -> None:
+        model, layers = self.model, self.layers
+        kept = [t - start for t in range(start, end) if t % self.every == 0]
+        wanted = [T - start for T in self.targets if start <= T < end]
+        with model.trace(self.ids[None, start:end], **self.kwargs(start, end, self.cache)):
+            saved = nnsight.save({})
+            for layer in self.recurrent:
+                mixer = model.layers[layer].linear_attn
+                if self.writes_state and layer in self.carried:
+                    mixer.state_input = self.carried[layer]
+                if layer in layers and kept:
+                    if "decays" in self.dims[layer]:
+                        saved[("decay", layer)] = reduce(mixer.decays, self.dims[layer]["decays"], "mean")
+                    saved[("norm", layer)] = reduce(mixer.states_of(kept), self.dims[layer]["states"], "norm")
+                if self.writes_state:
+                    saved[("state", layer)] = mixer.state_output
+            if wanted:
+                saved["logprobs"] = F.log_softmax(model.logits[0, wanted].float(), dim=-1)
+            output = model.output.save()
+        self.cache = getattr(output, self.argument, None)
+        for layer in layers:
+            if ("norm", layer) in saved:
+                self.norms[layer].append(saved[("norm", layer)])
+            if ("decay", layer) in saved:
+                decay = saved[("decay", layer)]
+                self.decays[layer].append(decay[kept] if decay.shape[0] == end - start else decay.expand(len(kept), -1))
+        if self.writes_state:
+            self.carried = {layer: saved[("state", layer)] for layer in self.recurrent}
+        for T, logprobs in zip([T for T in self.targets if start <= T < end], saved.get("logprobs", [])):
+            self.full[T] = logprobs
+
+    # -- effective memory: reset probes starting at t ------------------------------------------
+
+    def probe(self, t: int) -> None:
+        """Every probe starting at ``t``: the prediction at its ``T`` with the state entering ``t`` zeroed."""
+        for i, j, T in self.probes[t]:
+            for reset in [*self.layers, None]:
+                self.reset[(reset, i, j)] = self.continued(t, T, self.recurrent if reset is None else [reset])
+
+    def continued(self, t: int, T: int, zeroed: list[int]) -> torch.Tensor:
+        """The next-token log-probabilities at ``T`` from the cache at ``t``, the ``zeroed`` layers' states zeroed."""
+        model = self.model
+        cache, carried = copy.deepcopy(self.cache), dict(self.carried)
+        first = True
+        for start in range(t, T + 1, self.chunk_size):
+            end = min(start + self.chunk_size, T + 1)
+            with model.trace(self.ids[None, start:end], **self.kwargs(start, end, cache)):
+                saved = nnsight.save({})
+                for layer in self.recurrent:
+                    mixer = model.layers[layer].linear_attn
+                    if first and layer in zeroed:
+                        if self.conv[layer]:
+                            window = mixer.conv_state_input
+                            if window is not None:
+                                mixer.conv_state_input = torch.zeros_like(window)
+                        # The xLSTM's prompt kernel takes no cached state (None): its carried state has the shape.
+                        mixer.state_input = torch.zeros_like(carried[layer] if layer in carried else mixer.state_input)
+                    elif self.writes_state and layer in carried:
+                        mixer.state_input = carried[layer]
+                    if self.writes_state:
+                        saved[layer] = mixer.state_output
+                if end == T + 1:
+                    saved["logprobs"] = F.log_softmax(model.logits[0, -1].float(), dim=-1)
+                output = model.output.save()
+            cache, first = getattr(output, self.argument, None), False
+            carried = {layer: saved[layer] for layer in self.recurrent} if self.writes_state else carried
+        return saved["logprobs"]
+
+    # -- the result -------------------------------------------------------------------------
+
+    def result(self) -> LongContextProfile:
+        shape = (len(self.targets), len(self.lags))
+        memory = {layer: torch.full(shape, float("nan")) for layer in [*self.layers, None]}
+        for key, table in memory.items():
+            for i, T in enumerate(self.targets):
+                for j, lag in enumerate(self.lags):
+                    if lag > T:
+                        continue
+                    reset = self.reset.get((key, i, j))
+                    table[i, j] = 0.0 if reset is None else kl(self.full[T], reset)
+        return LongContextProfile(
+            state_norm={layer: torch.cat(parts) for layer, parts in self.norms.items()},
+            decay={layer: torch.cat(parts) for layer, parts in self.decays.items() if parts},
+            memory={layer: memory[layer] for layer in self.layers}, memory_all=memory[None],
+            positions=torch.arange(0, self.n, self.every), memory_at=list(self.targets), lags=list(self.lags),
+        )
+
+
+def kl(full: torch.Tensor, reset: torch.Tensor) -> float:
+    """``KL(p_full || p_reset)`` of two log-probability vectors (natural log)."""
+    return float((full.exp() * (full - reset)).sum().clamp_min(0.0))
