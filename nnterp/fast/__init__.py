@@ -38,8 +38,11 @@ The package-level names of the four specs the components use:
 ``nnterp.fast.<kind>.FAST`` / ``.EFFECTIVE``.
 
 ``nnterp.fast_states(model)`` opts a model's mixers in (the strategy is
-`nnterp.recurrent.per_token.from_arguments`). All states are float32,
-``[batch, seq, heads, ...state]``. Nothing here imports nnsight or the rest of nnterp.
+`nnterp.recurrent.per_token.from_arguments`). All states are computed in
+float32 and stored in float32 (or in the dtype of an ``out`` given, bfloat16:
+each state rounded once, `nnterp.fast.scan.BF16_RTOL`),
+``[batch, seq, heads, ...state]``. The fill writing them loops over tokens on
+a CPU and runs by closed-form blocks on a GPU (`nnterp.fast.scan`). Nothing here imports nnsight or the rest of nnterp.
 """
 
 from .buffers import cached_bytes, empty_cache, empty_states
