@@ -11,7 +11,7 @@ state the call starts from). Every kind file of this package (`gated_deltanet`,
 specs built from them (``FAST``, ``EFFECTIVE``):
 
 * ``states(arguments, out=None)``: the state after every token, ``[batch,
-  seq, ...state]`` float32, into ``out`` when given;
+  seq, ...state]`` float32, into ``out`` when given (stored in its dtype);
 * ``state_shape(arguments)``: ``(batch, ...state)`` of one state;
 * ``one_pass(arguments, out)``: the kernel's own return computed with the
   states in one pass, as ``(result, states)``, so the kernel call can be

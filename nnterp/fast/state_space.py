@@ -84,7 +84,7 @@ def ssd_states(
         dt_softplus: apply softplus to ``dt + dt_bias``.
         dt_limit: ``Δ`` is clamped to this range (after the softplus), as the kernel does.
         initial_states: ``[batch, heads, head_dim, state_size]`` or ``None`` (zeros).
-        chunk_size: under autograd, tokens whose states one batched matmul computes (a run; `scan.FILL` by default).
+        chunk_size: where the closed-form blocks fill (`scan.fill_states`), tokens per block (`scan.FILL` under autograd, `scan.BLOCK` otherwise).
         D: ``[heads]`` skip weight, for ``output``.
         output: also return the scan's output ``y_t = C_t·h_t + D x_t``
             (without autograd read off each state as it is written, the fast
