@@ -37,8 +37,10 @@ WHY = {
         "(1 MiB per token per DeltaNet layer here). On this CPU each state is written by one multiply into the buffer "
         "and one in-place rank-one update (measured 1.8x the time of merely filling the buffer; fused into one pass it "
         "would be about 1x), from a buffer reused across reads (no page faults). What would reach it: a fused kernel "
-        "writing each state once (Triton/CUDA: `benchmarks/gpu.py`), bfloat16 states, or reading only the layers and "
-        "positions needed (`model.states_of(positions, layers)`: cost and memory follow the selection)."
+        "writing each state once (Triton/CUDA: `benchmarks/gpu.py`; on CUDA the fill already runs by closed-form blocks, "
+        "with no loop over tokens, untimed there yet), bfloat16 states (`nnterp.fast`'s functions store them given a "
+        "bfloat16 `out`; `fast_states` keeps float32), or reading only the layers and positions needed "
+        "(`model.states_of(positions, layers)`: cost and memory follow the selection)."
     ),
     "write": (
         "A write splits the kernel call in two (token t's own output as computed, the rest from the written state). "

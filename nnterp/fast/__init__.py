@@ -39,8 +39,11 @@ The package-level names of the four specs the components use:
 name (the one name its ``FAST`` and ``EFFECTIVE`` share).
 
 ``nnterp.fast_states(model)`` opts a model's mixers in (the strategy is
-`nnterp.recurrent.per_token.from_arguments`). All states are float32,
-``[batch, seq, heads, ...state]``. Nothing here imports nnsight or the rest of nnterp.
+`nnterp.recurrent.per_token.from_arguments`). All states are computed in
+float32 and stored in float32 (or in the dtype of an ``out`` given, bfloat16:
+each state rounded once, `nnterp.fast.scan.BF16_RTOL`),
+``[batch, seq, heads, ...state]``. The fill writing them loops over tokens on
+a CPU and runs by closed-form blocks on a GPU (`nnterp.fast.scan`). Nothing here imports nnsight or the rest of nnterp.
 """
 
 from . import lightning_attention, mlstm, rg_lru, short_convolution, wkv

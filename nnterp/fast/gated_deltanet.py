@@ -68,7 +68,7 @@ from typing import Any
 import torch
 
 from .buffers import empty_states
-from .scan import carry, differentiable, fill_states
+from .scan import fill_states
 from .spec import EffectiveSpec, FastSpec, Selection, expand_groups, indices, last_state
 
 #: Tokens per chunk of the UT transform, as transformers' chunk kernel.
@@ -100,8 +100,8 @@ def gated_delta_states(
             by ``key_dim ** -0.5`` either way.
         chunk_size: tokens per chunk (any length works; the last chunk may be short).
         output: also return the kernel's output.
-        out: a float32 ``[batch, seq, value_heads, key_dim, value_dim]`` buffer
-            to write into (reused across calls, it saves the allocation).
+        out: a ``[batch, seq, value_heads, key_dim, value_dim]`` buffer to write into (reused across calls, it
+            saves the allocation): float32, or bfloat16 to store the states rounded once (`scan.BF16_RTOL`).
 
     Returns:
         ``states [batch, seq, value_heads, key_dim, value_dim]`` (float32;
@@ -146,8 +146,8 @@ def _delta_states(query, key, value, g, beta, initial_state, use_qk_l2norm, l2no
     shape = (batch, seq, heads, k_dim, v_dim)
     if out is None:
         out = empty_states(shape, value.device)
-    elif tuple(out.shape) != shape or out.dtype != torch.float32:
-        raise ValueError(f"out must be float32 {shape}, got {out.dtype} {tuple(out.shape)}")
+    elif tuple(out.shape) != shape or not out.dtype.is_floating_point:
+        raise ValueError(f"out must be a floating-point {shape} (float32, or another dtype to store the states in), got {out.dtype} {tuple(out.shape)}")
     query, key = (expand_groups(x, heads) for x in (query, key))
     size = max(1, min(chunk_size, seq))
     chunks = -(-seq // size)
@@ -177,14 +177,13 @@ def _delta_states(query, key, value, g, beta, initial_state, use_qk_l2norm, l2no
         start = value.new_zeros(batch, heads, k_dim, v_dim, dtype=torch.float32)
     else:
         start = initial_state.to(device=value.device, dtype=torch.float32)
-    graph = differentiable(start, q, k, v, gc, betas)
     for m in range(chunks):
         first, length = m * size, min(size, seq - m * size)
         delta = news[:, :, m] - weights[:, :, m] @ start  # [b, h, L, dv]
         if want_output:
             outputs[:, :, m] = reads[:, :, m] @ start + attention[:, :, m] @ delta
-        fill_states(out, first, start, gc[:, :, m, :length], k[:, :, m, :length], delta[:, :, :length])
-        start = carry(out[:, first + length - 1], graph)  # a view (a copy under autograd): the next chunk's S_0
+        # The next chunk's S_0: float32 whatever the states are stored in (a view of out from the token loop).
+        start = fill_states(out, first, start, gc[:, :, m, :length], k[:, :, m, :length], delta[:, :, :length])[0]
     if want_output:
         return outputs.reshape(batch, heads, chunks * size, v_dim)[:, :, :seq].transpose(1, 2), out
     return out
@@ -355,10 +354,10 @@ def kimi_states(arguments: dict, out: torch.Tensor | None = None) -> torch.Tenso
 
 
 def _one_pass(kind: Any, a: dict, out: torch.Tensor | None) -> tuple | None:
-    if a["q"].dtype != torch.float32:
-        return None
+    # transformers' torch kernels cast every input to float32, compute in float32 and return the output in the
+    # queries' dtype (the final state in float32): so does this, in a bfloat16 model too.
     y, out = _states(kind, a, out, output=True)
-    return (y.contiguous(), last_state(out, out.shape[1]) if a.get("final") else None), out
+    return (y.to(a["q"].dtype).contiguous(), last_state(out, out.shape[1]).float() if a.get("final") else None), out
 
 
 def gated_one_pass(arguments: dict, out: torch.Tensor | None) -> tuple | None:

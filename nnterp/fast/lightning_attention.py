@@ -12,7 +12,7 @@ continued here equals a plain forward fed one token at a time over a replaced
 cache bit for bit; `lightning_attention` is the exact effective attention of the
 same outputs, ``A[t, s] = (q_t · k_s) exp(Σ_{s<r≤t} g_r)``. `lightning_states`
 writes the state after every token (no outputs) into one preallocated float32
-buffer in place (`scan.step_states`: one multiply into the token's slot, one
+buffer in place (`scan.fill_states`; on a CPU token by token: one multiply into the token's slot, one
 ``addcmul_``), for reads without autograd; `lightning_one_pass` also reads each
 state with its query, the outputs of a prompt computed with its states.
 
@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from .buffers import empty_states
-from .scan import differentiable, step_states
+from .scan import differentiable, fill_states
 from .spec import EffectiveSpec, FastSpec, indices
 
 
@@ -84,7 +84,7 @@ def lightning_states(
     if out is None:
         out, first = empty_states((batch, seq, heads, key_dim, v.shape[-1]), k.device), 0
     start = k.new_zeros((batch, heads, key_dim, v.shape[-1]), dtype=torch.float32) if initial is None else initial.float()
-    step_states(out, first, start, g.float().transpose(1, 2)[..., None], k.float().transpose(1, 2), v.float().transpose(1, 2))
+    fill_states(out, first, start, g.float().transpose(1, 2)[..., None], k.float().transpose(1, 2), v.float().transpose(1, 2))
     return out
 
 
@@ -93,14 +93,14 @@ def lightning_one_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
 
     Returns the outputs ``[batch, heads, seq, value_dim]`` (heads first, as the
     forward holds them), float32, each block of states read by its queries while
-    still in cache (`scan.step_states` with ``read``); no autograd.
+    still in cache (`scan.fill_states` with ``read``); no autograd.
     """
     if differentiable(q, k, v, g):
         raise ValueError("lightning_one_pass writes in place: under autograd use lightning_scan(keep=True)")
     batch, _, heads, key_dim = k.shape
     start = k.new_zeros((batch, heads, key_dim, v.shape[-1]), dtype=torch.float32)
     queries, keys, values = (x.float().transpose(1, 2) for x in (q, k, v))
-    return step_states(out, 0, start, g.float().transpose(1, 2)[..., None], keys, values, read=queries, read_rows=True)
+    return fill_states(out, 0, start, g.float().transpose(1, 2)[..., None], keys, values, read=queries, read_rows=True)[1]
 
 
 def lightning_attention(

@@ -23,7 +23,7 @@ states (differentiable, and with a ``tap`` the outputs too); without autograd
 place: the stabilizers ``m_t`` first (`stabilizers`: one ``cummax`` over the
 unrolled recurrence, not a loop), then, ``C`` and ``n`` being one decayed
 rank-one update of ``[C | n]`` by ``(exp(ĩ_t - m_t) k_t) ⊗ [v_t, 1]``,
-`scan.step_states` into the buffer's ``[..., :value_dim + 1]`` slice. Equal to
+`scan.fill_states` into the buffer's ``[..., :value_dim + 1]`` slice. Equal to
 float32 rounding (the input gate multiplies ``k`` before the outer product, not
 after). `mlstm_one_pass` also reads each state as it is written, the
 backend's output, so a call whose states are read need not run the backend.
@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from .buffers import empty_states
-from .scan import differentiable, read_block, step_states
+from .scan import differentiable, fill_states, read_block
 from .spec import EffectiveSpec, FastSpec, Selection, indices
 
 
@@ -168,9 +168,9 @@ def _write(k, v, igate, fgate, initial, out, first, q=None):
     for lo in range(0, seq, block):
         hi = min(seq, lo + block)
         part = None if read is None else read[:, :, lo:hi]
-        readouts.append(step_states(window[..., :-1], lo, start, decay[:, :, lo:hi], writes[:, :, lo:hi], values[:, :, lo:hi], part, True))
+        start, readout = fill_states(window[..., :-1], lo, start, decay[:, :, lo:hi], writes[:, :, lo:hi], values[:, :, lo:hi], None, part, True)
+        readouts.append(readout)
         window[:, lo:hi, ..., -1] = columns[:, lo:hi]
-        start = window[:, hi - 1, ..., :-1]
     return (torch.cat(readouts, dim=2) if read is not None else None), m
 
 

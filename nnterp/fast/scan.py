@@ -13,17 +13,36 @@ tokens starting after state ``S``, with ``c_i = g_1 + … + g_i`` (≤ 0):
 
     S_i = exp(c_i) ⊙ S + Σ_{j≤i} exp(c_i − c_j) ⊙ a_j b_jᵀ
 
-`fill_states` writes the states straight into the output. Without
-autograd it steps token by token (`step_states`): ``S_t = D_t S_{t-1} +
-a_t b_tᵀ`` as one multiply into the output and one rank-one update added in
-place, each vectorized over batch rows and heads, reading ``S_{t-1}`` while
-it is still in cache: two passes over a state per token, the fewest a
-decay-then-add can make (measured 1.8x the time of merely filling the
-output, against 3.5x for the runs below). Under autograd (in-place steps on
-a buffer the graph keeps would break it) it writes ``f`` tokens at a time by
-the closed form above: one broadcast multiply for the first term, one batched
-matmul (``[rows, f] @ [f, cols]`` per token and head) for the second, then the
-run's last state starts the next run.
+`fill_states` writes the states straight into the output, by one of two
+fills of the same values:
+
+* token by token (`step_states`): ``S_t = D_t S_{t-1} + a_t b_tᵀ`` as one
+  multiply into the output and one rank-one update added in place, each
+  vectorized over batch rows and heads, reading ``S_{t-1}`` while it is still
+  in cache: two passes over a state per token, the fewest a decay-then-add can
+  make (measured 1.8x the time of merely filling the output), and the fastest
+  on a CPU; but two kernel launches per token, launch-bound on a GPU;
+* by closed-form blocks (`block_states`), no loop over tokens: the formula
+  above for every token of a block of ``C`` from the block's entering state,
+  one batched matmul (``[rows, C] @ [C, cols]`` per token and head, the left
+  factor ``exp(c_i − c_j) a_j`` with the exponent taken under the causal mask:
+  every exponent ≤ 0, a masked one −∞, nothing overflows however strong the
+  decays) plus one broadcast multiply-add of the entering state; the blocks in
+  sequence, each entering with the last state of the one before. A handful of
+  launches per block, at ``C`` multiply-adds per element of the output
+  instead of two. Its factors are ``batch · heads · rows · C²`` elements: ``C``
+  is cut to keep them under `FACTOR_ELEMENTS`.
+
+The blocks serve the devices in `LOOP_FREE`, autograd (in-place steps on a
+buffer the graph keeps would break it; there in blocks of `FILL` tokens, which
+bounds what the graph keeps), and states stored in another dtype than float32.
+
+Precision. A block is computed in float32 (float64 when its inputs are) and
+its last state carried to the next block in that dtype, never read back from
+the output: states stored in bfloat16 are each rounded once, within
+`BF16_RTOL` (``2⁻⁸``) of their magnitude plus float32's own error, at any
+length and block size. In float32 the two fills agree within float32
+rounding (the sums run in another order).
 
 The same recurrence read as attention (`scan_attention`): where the writes do
 not depend on the state (Mamba-2's SSD, a decay per head; Mamba-1's selective
@@ -35,14 +54,23 @@ gate), computed in blocks of rows and of heads or channels.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .spec import indices
 
-#: Tokens per run (``f``) under autograd.
-FILL = 4
-#: Tokens whose matmul operands are built at once (bounds the temporaries).
+#: Tokens per block of `block_states` (``C``), at most: fewer where its factors would pass `FACTOR_ELEMENTS`.
 BLOCK = 64
+#: Elements the left factors of one block of `block_states` may hold (float32: 64 MiB).
+FACTOR_ELEMENTS = 1 << 24
+#: The relative error of a state stored in bfloat16: one rounding to 8 significant bits.
+BF16_RTOL = 2.0**-8
+#: Tokens per block under autograd (the graph keeps each block's factors, ``rows · FILL²`` per head).
+FILL = 4
+#: The device types whose fill runs by closed-form blocks without autograd too (on a CPU the token loop is faster:
+#: docs/performance.md).
+LOOP_FREE = frozenset({"cuda"})
 #: Bytes of states read out by one matmul (`step_states` with ``read``): a block of tokens still in cache.
 READ_BYTES = 4 * 2**20
 #: Elements a temporary block of `scan_attention` may hold (float32: 64 MiB).
@@ -53,29 +81,43 @@ ROWS = 64
 SPARSE = 4
 
 
-def fill_states(out: torch.Tensor, first: int, start: torch.Tensor, g: torch.Tensor, a: torch.Tensor, b: torch.Tensor, fill: int | None = None) -> None:
-    """Write the states after tokens ``first .. first + n - 1`` into ``out``.
+def fill_states(
+    out: torch.Tensor, first: int, start: torch.Tensor, g: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+    fill: int | None = None, read: torch.Tensor | None = None, read_rows: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Write the states after tokens ``first .. first + n - 1`` into ``out``, by the fill that suits (module docstring).
 
     Args:
-        out: ``[batch, seq, heads, rows, cols]`` float32, written at ``[:, first:first + n]``.
+        out: ``[batch, seq, heads, rows, cols]``, written at ``[:, first:first + n]``
+            (a ring with fewer tokens: `step_states`); float32, or another
+            dtype to store the states in (then by blocks).
         start: ``[batch, heads, rows, cols]``, the state before token ``first``
             (may be a view of ``out``).
         g: ``[batch, heads, n, 1 | rows]``, each token's log decay (≤ 0).
         a: ``[batch, heads, n, rows]``; b: ``[batch, heads, n, cols]`` (a
             stride-0 expansion over heads is fine): token ``j`` adds
             ``a_j ⊗ b_j`` after the decay.
-        fill: tokens per run (`FILL` by default).
+        fill: tokens per block where the blocks run (`FILL` under autograd,
+            `BLOCK` otherwise).
+        read, read_rows: also each state's readout (`step_states`).
+
+    Returns:
+        ``(last, readout)``: the state after the last token, float32 (a view of
+        ``out`` from the token loop, a new tensor from the blocks: the state
+        the next tokens start from), and the readout or ``None``.
     """
-    fill = FILL if fill is None else fill
+    graph = differentiable(start, g, a, b, read)
+    if graph or loop_free(out):
+        return block_states(out, first, start, g, a, b, (FILL if graph else None) if fill is None else fill, read, read_rows)
+    readout = step_states(out, first, start, g, a, b, read, read_rows)
     n = g.shape[2]
-    graph = differentiable(start, g, a, b)
-    if not graph:
-        step_states(out, first, start, g, a, b)
-        return
-    for at in range(0, n, BLOCK):
-        stop = min(n, at + BLOCK)
-        _fill_block(out, first + at, start, g[:, :, at:stop], a[:, :, at:stop], b[:, :, at:stop], fill)
-        start = out[:, first + stop - 1].clone()  # out is written on, and the graph keeps it
+    return (out[:, (first + n - 1) % out.shape[1]] if n else start), readout
+
+
+def loop_free(out: torch.Tensor) -> bool:
+    """Whether a fill into ``out`` runs by closed-form blocks without autograd too: on a device in `LOOP_FREE`, or
+    into states stored in another dtype than float32 (the token loop reads each state back from the output)."""
+    return out.device.type in LOOP_FREE or out.dtype != torch.float32
 
 
 def step_states(
@@ -118,6 +160,70 @@ def step_states(
     return readout
 
 
+def block_size(batch: int, heads: int, rows: int, size: int | None = None) -> int:
+    """Tokens per block: ``size`` (`BLOCK` by default), fewer where a block's factors would pass `FACTOR_ELEMENTS`."""
+    size = BLOCK if size is None else size
+    return max(1, min(size, math.isqrt(max(1, FACTOR_ELEMENTS // max(1, batch * heads * rows)))))
+
+
+def block_states(
+    out: torch.Tensor, first: int, start: torch.Tensor, g: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+    size: int | None = None, read: torch.Tensor | None = None, read_rows: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Write the states after tokens ``first .. first + n - 1`` into ``out``, a block of tokens at a time.
+
+    Args:
+        out: ``[batch, seq, heads, rows, cols]`` of any floating dtype (the
+            states are stored in it), written at ``[:, first:first + n]``; with
+            fewer than ``first + n`` tokens, a ring: only each block's last state
+            is stored, in slot ``t % out.shape[1]`` (a readout without the states).
+        start: ``[batch, heads, rows, cols]``, the state before token ``first``.
+        g: ``[batch, heads, n, 1 | rows]``, each token's log decay (≤ 0).
+        a: ``[batch, heads, n, rows]``; b: ``[batch, heads, n, cols]``:
+            token ``j`` adds ``a_j ⊗ b_j`` after the decay (a stride-0
+            expansion over heads is fine).
+        size: tokens per block (`block_size`).
+        read: ``[batch, heads, n, cols]`` (``read_rows``: ``[..., rows]``):
+            also each state's readout ``S_t read_t`` (``read_tᵀ S_t``).
+
+    Returns:
+        ``(last, readout)``: the state after the last token ``[batch, heads,
+        rows, cols]`` in the computing dtype (float32, or float64), a new
+        tensor, not a view of ``out``; the readout ``[batch, heads, n, rows |
+        cols]`` or ``None``. Under autograd both are functions of the inputs.
+    """
+    batch, heads, n, rows = a.shape
+    dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
+    size = block_size(batch, heads, rows, size)
+    state = start.to(dtype)
+    ring = out.shape[1] < first + n
+    readout = []
+    causal = torch.ones(size, size, dtype=torch.bool, device=a.device).tril()
+    for lo in range(0, n, size):
+        hi = min(n, lo + size)
+        cum = g[:, :, lo:hi].to(dtype).cumsum(2)  # [b, h, L, 1 | rows]
+        mask = causal[: hi - lo, : hi - lo, None]
+        exponent = (cum[:, :, :, None] - cum[:, :, None]).masked_fill(~mask, float("-inf"))  # [b, h, i, j, 1 | rows]
+        left = (exponent.exp() * a[:, :, None, lo:hi].to(dtype)).permute(0, 2, 1, 4, 3)  # [b, i, h, rows, j]
+        right = b[:, None, :, lo:hi].to(dtype)  # [b, 1, h, j, cols], the same for every i
+        states = torch.matmul(left, right)  # [b, i, h, rows, cols]: the layout of out
+        states = states + cum.exp().transpose(1, 2)[..., None] * state[:, None]
+        if ring:
+            out[:, (first + hi - 1) % out.shape[1]] = states[:, -1]
+        else:
+            out[:, first + lo : first + hi] = states
+        if read is not None:
+            vectors = read[:, :, lo:hi].to(dtype).transpose(1, 2)[..., None, :]  # [b, i, h, 1, rows | cols]
+            got = torch.matmul(vectors, states if read_rows else states.transpose(-1, -2))
+            readout.append(got.squeeze(-2).transpose(1, 2))
+        state = states[:, -1].clone()  # not a view: it would keep the block alive
+    if read is None:
+        return state, None
+    if not readout:
+        return state, a.new_zeros(batch, heads, 0, (b if read_rows else a).shape[-1], dtype=dtype)
+    return state, torch.cat(readout, 2)
+
+
 def read_block(numel: int) -> int:
     """Tokens read out at once (`READ_BYTES` of float32 states), for states of ``numel`` elements per token."""
     return max(1, READ_BYTES // (numel * 4))
@@ -140,47 +246,6 @@ def _read(out, first, lo, hi, state, read, readout, read_rows) -> None:
 def differentiable(*tensors: torch.Tensor) -> bool:
     """Whether autograd records a computation on ``tensors`` (then ``out=`` and in-place reuse are avoided)."""
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
-
-
-def carry(state: torch.Tensor, graph: bool) -> torch.Tensor:
-    """A state of ``out`` the next tokens start from: a copy under autograd (``out`` is written on, and the graph keeps it)."""
-    return state.clone() if graph else state
-
-
-def _fill_block(out, first, start, g, a, b, fill):
-    """`fill_states` under autograd for one block: runs of ``fill`` tokens by the closed form (no ``out=``, which
-    autograd refuses; in-place copies it records)."""
-    batch, heads, n, rows = a.shape
-    cols = b.shape[-1]
-    runs = -(-n // fill)
-    pad = runs * fill - n
-    if pad:
-        # Padded tokens write nothing and do not decay; their states are never stored.
-        g, a, b = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (g, a, b))
-    # [batch, heads, runs, fill, ...]
-    g, a, b = (x.reshape(batch, heads, runs, fill, x.shape[-1]) for x in (g, a, b))
-    cum = g.cumsum(dim=3)
-    causal = torch.ones(fill, fill, dtype=torch.bool, device=g.device).tril()
-    if cum.shape[-1] == 1:
-        weight = (cum[..., :, None, 0] - cum[..., None, :, 0]).masked_fill(~causal, float("-inf")).exp()  # [B,H,R,i,j]
-        # left[B, R, i, H, rows, j] = W_ij a_j
-        left = weight.permute(0, 2, 3, 1, 4)[..., None, :] * a.transpose(-1, -2).permute(0, 2, 1, 3, 4)[:, :, None]
-    else:
-        weight = (cum[..., :, None, :] - cum[..., None, :, :]).masked_fill(~causal[..., None], float("-inf")).exp()  # [B,H,R,i,j,rows]
-        left = (weight * a[:, :, :, None]).permute(0, 2, 3, 1, 5, 4)
-    left = left.contiguous()
-    # right[B, R, i, H, j, cols] = b_j, the same for every i of a run
-    right = b.permute(0, 2, 1, 3, 4)[:, :, None].expand(batch, runs, fill, heads, fill, cols).contiguous()
-    scale = cum.exp().permute(0, 2, 3, 1, 4)[..., None]  # [B, R, i, H, 1|rows, 1]
-    for run in range(runs):
-        at = first + run * fill
-        length = min(fill, n - run * fill)
-        target = out[:, at:at + length]
-        for row in range(batch):
-            decayed = scale[row, run, :length] * start[row, None]
-            product = torch.bmm(left[row, run, :length].reshape(-1, rows, fill), right[row, run, :length].reshape(-1, fill, cols))
-            target[row].copy_(decayed + product.view(decayed.shape))
-        start = out[:, at + length - 1].clone()
 
 
 def scan_attention(log_decay, B, C, step, skip, gate, state, positions, coefficients=True):

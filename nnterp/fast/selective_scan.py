@@ -68,7 +68,7 @@ import torch
 import torch.nn.functional as F
 
 from .buffers import empty_states
-from .scan import differentiable, scan_attention
+from .scan import block_states, differentiable, loop_free, scan_attention
 from .spec import EffectiveSpec, FastSpec, Selection, indices, last_state
 from .step import step_size, time_step
 
@@ -98,7 +98,8 @@ def selective_scan_states(
         B: ``[batch, seq, state_size]``.
         dt_bias: ``[channels]`` or ``None``; dt_softplus: apply softplus to ``dt + dt_bias``.
         initial_state: ``[batch, channels, state_size]`` or ``None`` (zeros, as the kernel).
-        out: a float32 ``[batch, seq, channels, state_size]`` buffer to write into.
+        out: a ``[batch, seq, channels, state_size]`` buffer to write into: float32, or bfloat16 to store
+            the states rounded once (computed in float32, `nnterp.fast.scan.BF16_RTOL`).
         chunk_size: tokens per chunk (``L``; about √seq by default).
 
     Returns:
@@ -150,11 +151,13 @@ def _states(x, dt, A, B, dt_bias, dt_softplus, initial_state, out, chunk_size, C
     shape = (batch, seq, channels, size)
     if out is None:
         out = empty_states(shape, x.device)
-    elif (tuple(out.shape) != shape and not (ring and out.shape[2:] == shape[2:])) or out.dtype != torch.float32:
-        raise ValueError(f"out must be float32 {shape}, got {out.dtype} {tuple(out.shape)}")
+    elif (tuple(out.shape) != shape and not (ring and out.shape[2:] == shape[2:])) or not out.dtype.is_floating_point:
+        raise ValueError(f"out must be a floating-point {shape} (float32, or another dtype to store the states in), got {out.dtype} {tuple(out.shape)}")
     if seq == 0:
         return (None if C is None else x.new_zeros(batch, 0, channels, dtype=torch.float32)), out
     graph = differentiable(x, dt, A, B, dt_bias, initial_state)
+    if loop_free(out) and not graph:
+        return _blocks(x, dt, A, B, dt_bias, dt_softplus, initial_state, out, C)
     if not graph:
         return _step(x, dt, A, B, dt_bias, dt_softplus, initial_state, out, C)
     length = chunk_size or min(MAX_CHUNK, math.isqrt(seq - 1) + 1)
@@ -223,6 +226,25 @@ def _step(x, dt, A, B, dt_bias, dt_softplus, initial_state, out, C):
                 torch.matmul(state, reads[:, t, :, None], out=readout[:, lo + t, :, None])
             previous = state
     return readout, out
+
+
+def _blocks(x, dt, A, B, dt_bias, dt_softplus, initial_state, out, C):
+    """`_step`'s values by closed-form blocks (`nnterp.fast.scan.block_states`): a channel's state ``[n]`` is an ``[n, 1]`` matrix
+    decayed per row, written ``B_t ⊗ Δ_t x_t``; Δ a block of tokens at a time, as in `_step`."""
+    batch, seq, channels = x.shape
+    A = A.float()
+    state = x.new_zeros(batch, channels, A.shape[-1], dtype=torch.float32) if initial_state is None else initial_state.float()
+    state, states, readout = state[..., None], out[..., None], []  # [b, d, n, 1], [b, slots, d, n, 1]
+    for lo in range(0, seq, READOUT_BLOCK):
+        hi = min(seq, lo + READOUT_BLOCK)
+        step = step_size(dt[:, lo:hi], dt_bias, dt_softplus).float().transpose(1, 2)  # Δ, [b, d, block]
+        keys = B[:, None, lo:hi].float().expand(-1, channels, -1, -1)  # [b, d, block, n]
+        writes = (step * x[:, lo:hi].float().transpose(1, 2))[..., None]  # Δx, [b, d, block, 1]
+        reads = None if C is None else C[:, None, lo:hi].float().expand(-1, channels, -1, -1)
+        state, got = block_states(states, lo, state, step[..., None] * A[:, None], keys, writes, read=reads, read_rows=True)
+        if got is not None:
+            readout.append(got[..., 0].transpose(1, 2))  # [b, block, d]
+    return (torch.cat(readout, 1) if C is not None else None), out
 
 
 def selective_scan_readout(

@@ -11,13 +11,15 @@ state the call starts from). Every kind file of this package (`gated_deltanet`,
 specs built from them (``FAST``, ``EFFECTIVE``):
 
 * ``states(arguments, out=None)``: the state after every token, ``[batch,
-  seq, ...state]`` float32, into ``out`` when given;
+  seq, ...state]`` float32, into ``out`` when given (stored in its dtype);
 * ``state_shape(arguments)``: ``(batch, ...state)`` of one state;
 * ``one_pass(arguments, out)``: the kernel's own return computed with the
   states in one pass, as ``(result, states)``, so the kernel call can be
   skipped; ``None`` where it would not equal the kernel's pure-torch body
-  within float32 rounding (a model in another dtype: the body rounds its
-  states first). Only for a call the pure-torch body would run, without autograd;
+  within float32 rounding (Mamba's in a model of another dtype: their bodies
+  round their states first; the delta rule's compute in float32 from any
+  dtype and round their output only, so their one pass runs in a bfloat16
+  model too, its output rounded alike). Only for a call the pure-torch body would run, without autograd;
 * ``effective_attention(arguments, positions, selection, coefficients)``:
   ``(A, readout)``, below;
 * ``resume(arguments, initial, result)``: only for a kernel that takes no

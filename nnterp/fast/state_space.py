@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from .buffers import empty_states
-from .scan import differentiable, fill_states, scan_attention, step_states
+from .scan import differentiable, fill_states, scan_attention
 from .spec import EffectiveSpec, FastSpec, Selection, expand_groups, indices, last_state
 from .step import step_size, time_step
 
@@ -84,12 +84,13 @@ def ssd_states(
         dt_softplus: apply softplus to ``dt + dt_bias``.
         dt_limit: ``Δ`` is clamped to this range (after the softplus), as the kernel does.
         initial_states: ``[batch, heads, head_dim, state_size]`` or ``None`` (zeros).
-        chunk_size: under autograd, tokens whose states one batched matmul computes (a run; `scan.FILL` by default).
+        chunk_size: where the closed-form blocks fill (`scan.fill_states`), tokens per block (`scan.FILL` under autograd, `scan.BLOCK` otherwise).
         D: ``[heads]`` skip weight, for ``output``.
         output: also return the scan's output ``y_t = C_t·h_t + D x_t``
             (without autograd read off each state as it is written, the fast
             path's one pass; under autograd one more pass over the states).
-        out: a float32 ``[batch, seq, heads, head_dim, state_size]`` buffer to write into.
+        out: a ``[batch, seq, heads, head_dim, state_size]`` buffer to write into: float32, or bfloat16 to
+            store the states rounded once (computed in float32, `nnterp.fast.scan.BF16_RTOL`).
         ring: with ``output`` and no autograd, ``out`` may be ``[batch, slots, ...]``:
             token ``t``'s state goes to slot ``t % slots`` (the output without the states).
         dt_dtype: the dtype ``Δ`` is computed in before it is cast to float32:
@@ -107,8 +108,8 @@ def ssd_states(
     shape = (batch, seq, heads, head_dim, size)
     if out is None:
         out = empty_states(shape, x.device)
-    elif (tuple(out.shape) != shape and not (ring and out.shape[2:] == shape[2:])) or out.dtype != torch.float32:
-        raise ValueError(f"out must be float32 {shape}, got {out.dtype} {tuple(out.shape)}")
+    elif (tuple(out.shape) != shape and not (ring and out.shape[2:] == shape[2:])) or not out.dtype.is_floating_point:
+        raise ValueError(f"out must be a floating-point {shape} (float32, or another dtype to store the states in), got {out.dtype} {tuple(out.shape)}")
     step = step_size(dt.to(dt_dtype or dt.dtype), dt_bias, dt_softplus, dt_limit).float()  # Δ, [b, seq, h]
     log_decay = (step * A.float()).transpose(1, 2)[..., None]  # [b, h, seq, 1], ≤ 0
     writes = (x.float() * step[..., None]).transpose(1, 2)  # Δx, [b, h, seq, p]
@@ -123,7 +124,7 @@ def ssd_states(
         raise ValueError("ssd_states(ring=True) is for the output without autograd")
     if output and not differentiable(start, log_decay, writes, keys, C):
         # One pass: each state's readout is taken while the state is in cache.
-        y = step_states(out, 0, start, log_decay, writes, keys, read=expand_groups(C.float(), heads).transpose(1, 2)).transpose(1, 2)
+        y = fill_states(out, 0, start, log_decay, writes, keys, read=expand_groups(C.float(), heads).transpose(1, 2))[1].transpose(1, 2)
     else:
         fill_states(out, 0, start, log_decay, writes, keys, fill=chunk_size)
         if not output:

@@ -20,6 +20,7 @@ import transformers.models.qwen3_5.modeling_qwen3_5 as qwen_modeling
 
 from nnterp.fast import gated_delta_attention, gated_delta_states, kimi_delta_attention, kimi_delta_states
 from nnterp.fast.gated_deltanet import GATED_EFFECTIVE, GATED_FAST, KIMI_EFFECTIVE, KIMI_FAST
+from nnterp.fast.scan import BF16_RTOL
 from nnterp.recurrent.kernels import torch_function
 from tests.fast.inputs import close, delta_inputs, heads_sum
 from tests.reference import recurrences as ref
@@ -33,7 +34,7 @@ LENGTHS = [1, 3, 13, 64, 65, 200]
 
 @pytest.mark.parametrize("seq", LENGTHS)
 @pytest.mark.parametrize("with_initial", [False, True])
-def test_gated_delta_states_equal_the_token_loop(seq, with_initial):
+def test_gated_delta_states_equal_the_token_loop(seq, with_initial, fill):
     q, k, v, g, beta, initial = delta_inputs(seq)
     initial = initial if with_initial else None
     outputs, expected = gated_delta_rule(q, k, v, g, beta, initial)
@@ -45,7 +46,7 @@ def test_gated_delta_states_equal_the_token_loop(seq, with_initial):
 
 
 @pytest.mark.parametrize("seq", LENGTHS)
-def test_kimi_delta_states_equal_the_token_loop(seq):
+def test_kimi_delta_states_equal_the_token_loop(seq, fill):
     q, k, v, g, beta, initial = delta_inputs(seq, key_heads=4, per_channel=True)
     outputs, expected = ref.kimi_delta_attention(q, k, v, g, beta, initial)
     got_outputs, states = kimi_delta_states(q, k, v, g, beta, initial, output=True)
@@ -54,13 +55,13 @@ def test_kimi_delta_states_equal_the_token_loop(seq):
 
 
 @pytest.mark.parametrize("chunk_size", [1, 5, 16, 64, 256])
-def test_chunk_sizes_agree(chunk_size):
+def test_chunk_sizes_agree(chunk_size, fill):
     q, k, v, g, beta, initial = delta_inputs(70)
     reference = gated_delta_states(q, k, v, g, beta, initial)
     close(gated_delta_states(q, k, v, g, beta, initial, chunk_size=chunk_size), reference, f"chunk_size={chunk_size}")
 
 
-def test_strong_decays_underflow_to_zero_without_nans():
+def test_strong_decays_underflow_to_zero_without_nans(fill):
     # Cumulated log decays of -1e4 within a chunk: exp of their differences underflows, never overflows.
     q, k, v, g, beta, initial = delta_inputs(130)
     g = torch.full_like(g, -200.0)
@@ -76,7 +77,7 @@ def test_strong_decays_underflow_to_zero_without_nans():
 
 
 @pytest.mark.parametrize("seq", [3, 65, 200])
-def test_gated_delta_final_state_and_output_equal_transformers_chunk_kernel(seq):
+def test_gated_delta_final_state_and_output_equal_transformers_chunk_kernel(seq, fill):
     q, k, v, g, beta, initial = delta_inputs(seq)
     kernel = torch_function(qwen_modeling.torch_chunk_gated_delta_rule)
     outputs, states = gated_delta_states(q, k, v, g, beta, initial, output=True)
@@ -101,7 +102,7 @@ def test_out_buffer_is_written_in_place_and_checked():
     buffer = torch.full((2, 20, 4, 8, 6), float("nan"))
     result = gated_delta_states(q, k, v, g, beta, initial, out=buffer)
     assert result.data_ptr() == buffer.data_ptr() and torch.isfinite(buffer).all()
-    with pytest.raises(ValueError, match="out must be float32"):
+    with pytest.raises(ValueError, match="out must be a floating-point"):
         gated_delta_states(q, k, v, g, beta, out=buffer[:, :5])
 
 
@@ -202,7 +203,7 @@ def served(seq, per_channel=False):
 
 
 @pytest.mark.parametrize("per_channel", [False, True])
-def test_the_specs_compute_the_token_loops_states_and_output(per_channel):
+def test_the_specs_compute_the_token_loops_states_and_output(per_channel, fill):
     a = served(65, per_channel)
     loop = ref.kimi_delta_attention if per_channel else gated_delta_rule
     fast, effective = (KIMI_FAST, KIMI_EFFECTIVE) if per_channel else (GATED_FAST, GATED_EFFECTIVE)
@@ -214,6 +215,35 @@ def test_the_specs_compute_the_token_loops_states_and_output(per_channel):
     assert states is out
     close(y, outputs, "one pass output")
     close(final, expected[:, -1], "one pass final state")
-    assert fast.one_pass({**a, "q": a["q"].double()}, out) is None, "another dtype: the kernel's body rounds first"
     A, readout = effective.compute(a, None, None, True)
     close(heads_sum(A, readout, a["v"]), outputs, "effective attention")
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_in_a_bfloat16_model_the_one_pass_is_the_kernels_body_rounded_alike(per_channel, fill):
+    # transformers' torch kernels cast to float32, compute, and round their output only: so does the one pass.
+    a = {name: x.bfloat16() if name in ("q", "k", "v", "g", "beta") else x for name, x in served(130, per_channel).items()}
+    fast = KIMI_FAST if per_channel else GATED_FAST
+    module, name = (kimi_modeling, "chunk_kimi_delta_attention") if per_channel else (qwen_modeling, "torch_chunk_gated_delta_rule")
+    q, k = a["q"], a["k"]
+    if not per_channel and "repeat_interleave" not in inspect.getsource(torch_function(getattr(module, name))):
+        q, k = (x.repeat_interleave(4 // x.shape[2], 2) for x in (q, k))
+    y_kernel, final_kernel = torch_function(getattr(module, name))(
+        q, k, a["v"], g=a["g"], beta=a["beta"], initial_state=a["state"], output_final_state=True, use_qk_l2norm_in_kernel=True
+    )
+    (y, final), states = fast.one_pass(a, torch.empty(2, 130, 4, 8, 6))
+    assert y.dtype == y_kernel.dtype == torch.bfloat16 and final.dtype == torch.float32
+    close(final, final_kernel, "final state: float32 rounding")
+    # The same float32 output, rounded to bfloat16: at most one rounding apart where the two land either side of a tie.
+    torch.testing.assert_close(y.float(), y_kernel.float(), rtol=2.0**-7, atol=1e-5 * y_kernel.abs().max().item())
+
+
+@pytest.mark.parametrize("seq", [1, 63, 64, 65, 200])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_states_stored_in_bfloat16_are_within_one_rounding(seq, per_channel, fill):
+    q, k, v, g, beta, initial = delta_inputs(seq, key_heads=4 if per_channel else 2, per_channel=per_channel)
+    expected = (ref.kimi_delta_attention if per_channel else gated_delta_rule)(q, k, v, g, beta, initial)[1]
+    out = torch.empty(expected.shape, dtype=torch.bfloat16)
+    assert (kimi_delta_states if per_channel else gated_delta_states)(q, k, v, g, beta, initial, out=out) is out
+    error, bound = (out.float() - expected).abs(), BF16_RTOL * expected.abs() + 1e-5 * expected.abs().max()
+    assert (error <= bound).all(), f"worst excess {(error - bound).max().item():.3g}"

@@ -18,7 +18,7 @@ from tests.reference.lightning import lightning_recurrence
 
 
 @pytest.mark.parametrize("start", [False, True])
-def test_lightning_states_are_the_papers_recurrence(start):
+def test_lightning_states_are_the_papers_recurrence(start, fill):
     q, k, v, _, _ = mixer_inputs()
     slope = torch.rand(H) * 0.5
     g = (-slope).expand(B, T, H)
@@ -51,7 +51,7 @@ def served(start: bool) -> tuple:
 
 
 @pytest.mark.parametrize("start", [False, True])
-def test_the_spec_computes_the_papers_states(start):
+def test_the_spec_computes_the_papers_states(start, fill):
     a, slope = served(start)
     _, want = lightning_recurrence(a["q"], a["k"], a["v"], slope, a["state"])
     close(FAST.compute(a, None), want, "states, in place")
@@ -65,7 +65,7 @@ def test_the_spec_computes_the_papers_states(start):
     assert torch.isfinite(k.grad).all() and k.grad.abs().sum() > 0
 
 
-def test_the_spec_one_pass_reads_the_papers_outputs():
+def test_the_spec_one_pass_reads_the_papers_outputs(fill):
     a, slope = served(False)
     want_out, want = lightning_recurrence(a["q"], a["k"], a["v"], slope)
     out = torch.full((B, T, H, K, V), float("nan"))

@@ -17,7 +17,7 @@ from tests.reference.mlstm import mlstm
 
 
 @pytest.mark.parametrize("start", [False, True])
-def test_mlstm_states_into_is_the_papers_recurrence(start):
+def test_mlstm_states_into_is_the_papers_recurrence(start, fill):
     q, k, v, i, f = mixer_inputs(1)
     initial = mlstm_states(k, k, v, i, f)[:, 7].clone() if start else None
     got = mlstm_states_into(k, v, i, f, initial)
@@ -31,7 +31,7 @@ def test_mlstm_states_into_is_the_papers_recurrence(start):
 
 
 @pytest.mark.parametrize("start", [False, True])
-def test_mlstm_one_pass_reads_the_papers_outputs_and_writes_the_same_states(start):
+def test_mlstm_one_pass_reads_the_papers_outputs_and_writes_the_same_states(start, fill):
     q, k, v, i, f = mixer_inputs(3)
     initial = mlstm_states(k, k, v, i, f)[:, 7].clone() if start else None
     out = torch.full((B, T, H, K, V + 2), float("nan"))
@@ -58,7 +58,7 @@ def test_stabilizers_of_a_long_decaying_run_keep_their_precision():
     assert log_f.sum() < -2000
 
 
-def test_mlstm_states_into_writes_a_window():
+def test_mlstm_states_into_writes_a_window(fill):
     _, k, v, i, f = mixer_inputs(2)
     whole = mlstm_states_into(k, v, i, f)
     window = torch.full((B, T + 4, H, K, V + 2), float("nan"))
@@ -90,7 +90,7 @@ def papers(a: dict) -> tuple:
 
 
 @pytest.mark.parametrize("start", [False, True])
-def test_the_spec_computes_the_papers_states(start):
+def test_the_spec_computes_the_papers_states(start, fill):
     a = served(start)
     _, c, n, m = papers(a)
     got = FAST.compute(a, None)
@@ -104,7 +104,7 @@ def test_the_spec_computes_the_papers_states(start):
 
 
 @pytest.mark.parametrize("start", [False, True])
-def test_the_spec_one_pass_and_effective_attention_read_the_papers_outputs(start):
+def test_the_spec_one_pass_and_effective_attention_read_the_papers_outputs(start, fill):
     a = served(start)
     want_h, c, n, m = papers(a)
     out = torch.full((B, T, H, K, V + 2), float("nan"))

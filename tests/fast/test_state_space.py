@@ -13,6 +13,7 @@ import torch
 import transformers.models.mamba2.modeling_mamba2 as mamba2_modeling
 
 from nnterp.fast import ssd_attention, ssd_states
+from nnterp.fast.scan import BF16_RTOL
 from nnterp.fast.state_space import EFFECTIVE, FAST
 from nnterp.recurrent.kernels import torch_function
 from tests.fast.inputs import close, heads_sum, scan_inputs
@@ -24,7 +25,7 @@ LENGTHS = [1, 3, 13, 64, 65, 200]
 
 @pytest.mark.parametrize("seq", LENGTHS)
 @pytest.mark.parametrize("groups", [1, 2])
-def test_ssd_states_equal_the_token_loop(seq, groups):
+def test_ssd_states_equal_the_token_loop(seq, groups, fill):
     gen = torch.Generator().manual_seed(seq)
     heads, head_dim, size = 4, 6, 5
     x = torch.randn(2, seq, heads, head_dim, generator=gen)
@@ -44,11 +45,11 @@ def test_ssd_states_equal_the_token_loop(seq, groups):
     y_ring, _ = ssd_states(x, dt, A, B, C, dt_bias, True, limit, initial, D=D, output=True, out=ring, ring=True)
     close(y_ring, y_ref, "outputs, two slots")
     close(ring[:, (seq - 1) % 2], expected[:, -1], "last state, two slots")
-    with pytest.raises(ValueError, match="out must be float32"):
+    with pytest.raises(ValueError, match="out must be a floating-point"):
         ssd_states(x, dt, A, B, C, dt_bias, True, limit, initial, D=D, output=True, out=ring)
 
 
-def test_ssd_final_state_equals_transformers_chunk_scan():
+def test_ssd_final_state_equals_transformers_chunk_scan(fill):
     gen = torch.Generator().manual_seed(0)
     x, dt = torch.randn(1, 45, 4, 8, generator=gen), torch.randn(1, 45, 4, generator=gen)
     A, B, dt_bias = -torch.rand(4, generator=gen), torch.randn(1, 45, 2, 5, generator=gen), torch.randn(4, generator=gen)
@@ -106,7 +107,7 @@ def test_ssd_attention_reproduces_transformers_chunk_scan(seq):
     close(heads_sum(A, readout, a["x"]), out, "output")
 
 
-def test_the_specs_compute_the_token_loops_states_and_output():
+def test_the_specs_compute_the_token_loops_states_and_output(fill):
     a = {**scan_inputs(45)["ssd"], "dt_softplus": True, "dt_limit": (0.01, 2.0), "final": True}
     outputs, expected = ssd(a["x"], a["dt"], a["A"], a["B"], a["C"], a["D"], a["dt_bias"], True, (0.01, 2.0), a["state"])
     close(FAST.compute(a, None), expected, "states")
@@ -120,3 +121,13 @@ def test_the_specs_compute_the_token_loops_states_and_output():
     close(final, expected[:, -1], "one pass final state, two slots")
     A, readout = EFFECTIVE.compute(a, None, None, True)
     close(heads_sum(A, readout, a["x"]), outputs, "effective attention")
+
+
+@pytest.mark.parametrize("seq", [1, 63, 64, 65, 200])
+def test_states_stored_in_bfloat16_are_within_one_rounding(seq, fill):
+    a = scan_inputs(seq)["ssd"]
+    expected = ssd(a["x"], a["dt"], a["A"], a["B"], a["C"], a["D"], a["dt_bias"], True, (0.0, float("inf")), a["state"])[1]
+    out = torch.empty(expected.shape, dtype=torch.bfloat16)
+    assert ssd_states(a["x"], a["dt"], a["A"], a["B"], None, a["dt_bias"], True, initial_states=a["state"], out=out) is out
+    error, bound = (out.float() - expected).abs(), BF16_RTOL * expected.abs() + 1e-5 * expected.abs().max()
+    assert (error <= bound).all(), f"worst excess {(error - bound).max().item():.3g}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from nnterp import StandardizedTransformer, fast_states
 from nnterp.components.selective_scan import SelectiveScan
@@ -123,8 +124,14 @@ def test_two_invokes_sharing_a_call_run_the_kernel(loaded):
     torch.testing.assert_close(logits[-1:, -1], expected_logits[:, -1], **tolerance(expected_logits))
 
 
-@pytest.mark.parametrize("model_type", FAST[:1])
-def test_a_bfloat16_model_runs_the_kernel(checkpoint, model_type):
+#: Mamba-1 and Mamba-2 families: transformers' torch kernel (a token loop, a chunk scan) is slower than the pass.
+RING = [t for t in FAST if issubclass(REGISTRY[t].MIXER, (SelectiveScan, StateSpace))]
+#: The delta rule's families: transformers' torch kernels compute in float32 from any dtype and round their output only.
+DELTA = [t for t in FAST if t not in RING]
+
+
+@pytest.mark.parametrize("model_type", RING[:1])
+def test_a_bfloat16_mamba_model_runs_the_kernel(checkpoint, model_type):
     # The pure-torch body rounds its states to the model's dtype before its readout: one pass would not equal it.
     model = StandardizedTransformer(str(checkpoint(model_type)), dispatch=True, device="cpu", dtype=torch.bfloat16)
     ids = model.tokenizer(LONG, return_tensors="pt").input_ids
@@ -134,8 +141,21 @@ def test_a_bfloat16_model_runs_the_kernel(checkpoint, model_type):
     assert len(calls) == len(mixers(model))
 
 
-#: Mamba-1 and Mamba-2 families: transformers' torch kernel (a token loop, a chunk scan) is slower than the pass.
-RING = [t for t in FAST if issubclass(REGISTRY[t].MIXER, (SelectiveScan, StateSpace))]
+@pytest.mark.parametrize("model_type", sorted({REGISTRY[t].MIXER: t for t in DELTA}.values()))
+def test_a_bfloat16_delta_rule_model_skips_the_kernel_and_keeps_the_forward(checkpoint, model_type):
+    # The body casts to float32, computes, and rounds its output to bfloat16: the one pass does the same.
+    model = StandardizedTransformer(str(checkpoint(model_type)), dispatch=True, device="cpu", dtype=torch.bfloat16)
+    plain = AutoModelForCausalLM.from_pretrained(checkpoint(model_type), dtype=torch.bfloat16).eval()
+    ids = model.tokenizer(LONG, return_tensors="pt").input_ids
+    logits = []
+    with fast_states(model), counting(kernel_body(model)) as calls, torch.no_grad(), model.trace(ids):
+        for layer in mixers(model):
+            model.layers[layer].linear_attn.states.save()
+        logits.append(model.logits.save())
+    assert calls == [], "the kernel body ran although every call's states were read"
+    expected, _ = plain_run(plain, ids)
+    # Each output the one pass rounds is the body's float32 value: equal, or one bfloat16 rounding apart at a tie.
+    torch.testing.assert_close(logits[0].float(), expected.float(), rtol=0, atol=2.0**-7 * expected.abs().max().item())
 
 
 @pytest.mark.parametrize("model_type", RING)

@@ -28,7 +28,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-__all__ = ["gated_delta_rule", "kimi_delta_attention", "selective_scan", "ssd", "l2norm"]
+__all__ = ["gated_delta_rule", "kimi_delta_attention", "selective_scan", "ssd", "l2norm", "decayed_outer_products"]
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -263,3 +263,27 @@ def ssd(
         ys.append(y)
         states.append(h)
     return torch.stack(ys, dim=1), torch.stack(states, dim=1)
+
+
+def decayed_outer_products(g: torch.Tensor, a: torch.Tensor, b: torch.Tensor, initial_state: torch.Tensor) -> torch.Tensor:
+    """The recurrence the fast fills write, ``S_t = exp(g_t) ⊙ S_{t-1} + a_t ⊗ b_t``, in the inputs' own dtype.
+
+    What the gated DeltaNet (``a = k``, ``b`` its delta), Kimi (a decay per key
+    row), Mamba-2 (``a = Δx``, ``b = B``) and Mamba-1 (one channel's ``[N, 1]``
+    state, a decay per row) each carry once their writes are known.
+
+    Args:
+        g: ``[B, H, T, 1 | R]``, the log decay (one per head, or per row).
+        a: ``[B, H, T, R]``; b: ``[B, H, T, C]``.
+        initial_state: ``[B, H, R, C]``.
+
+    Returns:
+        ``states [B, T, H, R, C]``: ``states[:, t]`` is ``S_t``.
+    """
+    state, states = initial_state.clone(), []
+    for t in range(g.shape[2]):
+        state = g[:, :, t].exp()[..., None] * state + a[:, :, t, :, None] * b[:, :, t, None, :]
+        states.append(state)
+    if not states:
+        return initial_state.new_zeros(initial_state.shape[0], 0, *initial_state.shape[1:])
+    return torch.stack(states, dim=1)

@@ -9,11 +9,12 @@ and:
 
 * ``states`` computes every state from them with `nnterp.fast` (the
   component's ``FAST`` spec) into one buffer. Where the call would run
-  transformers' pure-torch kernel on float32 inputs without autograd, the
-  spec's ``one_pass`` computes the kernel's output with the states and the
+  transformers' pure-torch kernel without autograd, on inputs of a dtype the
+  spec's ``one_pass`` takes (float32; the delta rule's any, its body computing
+  in float32), the pass computes the kernel's output with the states and the
   kernel call is skipped with it (one pass instead of the kernel plus a
   second pass over its arguments: `ONE_PASS`); otherwise (an optimized kernel
-  bound, another dtype, autograd, another invoke sharing the call) the kernel
+  bound, Mamba in another dtype, autograd, another invoke sharing the call) the kernel
   runs as it would and the states are a second pass;
 * ``state_after(t)`` runs the bound kernel on the tokens up to ``t`` (from the
   call's own entering state) and returns its final state;
