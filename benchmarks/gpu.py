@@ -4,15 +4,13 @@
     python benchmarks/gpu.py --cpu-dry-run               # tiny models on the CPU, float32: checks this script
     python benchmarks/gpu.py --section gpu.md --page docs/performance.md   # a brought-back section into the page
 
-Not a test (the suite never needs a GPU): without one, and without ``--cpu-dry-run``, it says so and exits with
-status 2, so nothing mistakes "nothing measured" for a result.
+Not a test (the suite never needs a GPU): without one, and without ``--cpu-dry-run``, it says so and exits with 2.
 
 Per family, a medium random-weight model in bfloat16 (a Qwen3.5-like gated DeltaNet hybrid: hidden 1024, 16 key and
 value heads of 128, three DeltaNet blocks per attention block; a Mamba-2: hidden 1024, 32 heads of 64, state 128),
 built from its config class and saved with nnterp's tiny tokenizer:
 
-1. which packages are installed (flash-linear-attention, mamba_ssm, causal-conv1d: each optional) and which kernel
-   transformers bound for each of the mixer's kernel names (the package, or "pure torch");
+1. the packages installed (fla, mamba_ssm, causal-conv1d: each optional), the kernel bound per name ("pure torch");
 2. correctness, untimed, at ``--check-length`` tokens: every recurrent layer's ``states`` through
    ``nnterp.fast_states(model)`` (the optimized kernel stays bound), and the logits after ``set_state_after(mid, 2 *
    state_after(mid))``, each against the same read on a float32 copy of the model through the routed path
@@ -32,19 +30,14 @@ after every table, written aside and renamed, so a crash or a kill at the time l
 is caught per family and per length and written in its place (the traceback to stderr); the run goes on. ``--page
 docs/performance.md`` replaces the page's GPU section (`benchmarks/run.py` keeps that section).
 
-Carrying what the GPU machine lacks (its image: Python 3.12, torch 2.11,
-transformers 5.17, no nnsight, no fla): ``scripts/carry_gpu_wheels.sh`` here
-downloads the pinned wheels into ``.whl/`` (ignored by git); causal-conv1d and
-mamba_ssm ship no wheels (sources only, a CUDA build too long for the lease),
-so the convolution and Mamba-2's scan run transformers' pure torch there, and
-step 1 says so. Then one device call, ``carry: [".whl"]``, ``timeout_s: 480``
-(about 5 minutes of the 15, leaving a rerun)::
+Carrying what the GPU machine lacks (its image: Python 3.12, torch 2.11, transformers 5.17; no nnsight, no fla):
+``scripts/carry_gpu_wheels.sh`` downloads the pinned wheels into ``.whl/`` here (mamba_ssm and causal-conv1d ship
+sources only, so Mamba-2 runs transformers' pure torch there, and step 1 says so). Then one device call, ``carry:
+[".whl"]``, ``timeout_s: 480`` (about 5 minutes of the 15, leaving a rerun)::
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3; export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1; nvidia-smi -L; timeout -k 10 180 python3 benchmarks/gpu.py --budget-s 150 --out $OUT/gpu.md 2>&1 | tee $OUT/gpu.log; timeout -k 10 90 python3 scripts/gpu_check.py --budget-s 60 --out $OUT/gpu_check.txt 2>&1 | tee $OUT/gpu_check.log
 
-``tests/test_gpu_carry.py`` runs that line on the CPU from the carried folder.
-
-Exit status: 0 when every check passed, 1 when one failed or raised, 2 without a GPU.
+``tests/test_gpu_carry.py`` runs that line on the CPU from the carried folder. Exit status: 0 when every check passed, 1 when one failed or raised, 2 without a GPU.
 """
 
 from __future__ import annotations
@@ -67,7 +60,6 @@ FAMILIES = ("gated_deltanet", "mamba2")
 FLOOR_FACTOR = 4.0
 #: Below this a difference is float32's own reordered sums (the dry run's floor is 0: both reads are float32).
 MIN_TOLERANCE = 1e-4
-#: The optional compiled packages a family's kernels may be bound to (distribution names).
 PACKAGES = ("flash-linear-attention", "fla-core", "mamba_ssm", "causal_conv1d", "triton")
 SECTION = "<!-- gpu: made by benchmarks/gpu.py; do not edit by hand -->"
 END = "<!-- /gpu -->"
@@ -99,17 +91,14 @@ def configs(tiny: bool) -> dict:
 
 
 class Report:
-    """The section as measured so far, rewritten whole to ``out`` (and ``page``) after every table.
+    """The section measured so far, per family (notes, checks, timing rows), rewritten whole after every table.
 
-    Per family: notes (kernels bound, errors, skips), the checks' rows, the timing rows; ``failed`` counts failed
-    checks and caught errors.
-    """
+    ``failed`` counts failed checks and caught errors."""
 
     def __init__(self, out: Path | None, page: Path | None, header: list) -> None:
         self.out, self.page, self.header = out, page, header
         self.families: dict = {}
-        self.failed = 0
-        self.finished = False
+        self.failed, self.finished = 0, False
 
     def family(self, name: str) -> dict:
         return self.families.setdefault(name, {"notes": [], "checks": [], "rows": []})
@@ -194,9 +183,9 @@ def main(argv: list | None = None) -> int:
     report.flush()
     ready: dict = {}
     with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as routing:
-        for name, config in configs(args.cpu_dry_run).items():
-            if name not in args.families:
-                continue
+        found = configs(args.cpu_dry_run)
+        for name in [name for name in FAMILIES if name in args.families]:
+            config = found[name]
             if left() <= 0:
                 report.family(name)["notes"].append(f"Skipped: the budget ({args.budget_s:.0f} s) was spent before it began.")
                 continue
@@ -208,7 +197,10 @@ def main(argv: list | None = None) -> int:
             report.flush()
         for length in sorted(set(args.lengths)):
             for name, family in ready.items():
-                row(name, family, length, device, args, left, report)
+                try:
+                    row(name, family, length, device, args, left, report)
+                except Exception as error:  # noqa: BLE001 - one length's failure is written in its place; the next runs
+                    report.error(name, f"the timing at L={length}", error)
                 report.flush()
     report.finished = True
     report.flush()
@@ -239,8 +231,11 @@ def load(name: str, config, folder: Path, device: str, dtype, report: Report, ro
     from nnterp import StandardizedTransformer
     from nnterp.recurrent.kernels import compiled_package
 
+    transformers_mamba2()
     path = build(name, config, folder)
     plain = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    if not type(plain).__module__.startswith("transformers."):
+        raise RuntimeError(f"{name} loaded as {type(plain).__module__}: a package registered its own model for this type")
     model = StandardizedTransformer(str(path), dispatch=True, device_map=device, dtype=dtype)
     reference = StandardizedTransformer(str(path), dispatch=True, device_map=device, dtype=torch.float32)
     mixer = model.family.MIXER
@@ -251,6 +246,17 @@ def load(name: str, config, folder: Path, device: str, dtype, report: Report, ro
         report.family(name)["notes"].append("The dry run routes them to transformers' pure torch: they run on a GPU only.")
         routing.enter_context(nnterp.route_kernels(model.family, "torch"))
     return {"plain": plain, "model": model, "reference": reference, "per_token_s": None}
+
+
+def transformers_mamba2() -> None:
+    """Undo fla's registration of its own Mamba-2 for model type "mamba2" in transformers' Auto classes.
+
+    Importing fla (transformers' hub kernels do, at the first modeling import) registers it with ``exist_ok=True``:
+    a Mamba-2 checkpoint then loads as fla's model, which nnterp does not standardize."""
+    from transformers import AutoConfig, AutoModelForCausalLM, Mamba2Config, Mamba2ForCausalLM
+
+    AutoConfig.register("mamba2", Mamba2Config, exist_ok=True)
+    AutoModelForCausalLM.register(Mamba2Config, Mamba2ForCausalLM, exist_ok=True)
 
 
 @contextlib.contextmanager
@@ -307,12 +313,10 @@ def check(name: str, family: dict, device: str, args, report: Report) -> None:
     names = [f"layer {i} states" for i in range(len(truth[0]))] + [f"logits after set_state_after({mid})"]
     found = report.family(name)
     for what, t, r, a, b in zip(names, [*truth[0], truth[1]], [*rounded[0], rounded[1]], [*first[0], first[1]], [*again[0], again[1]]):
-        floor = max(relative(r, t), relative(b, a))
+        floor, difference = max(relative(r, t), relative(b, a)), relative(a, t)
         tolerance = max(FLOOR_FACTOR * floor, MIN_TOLERANCE)
-        difference = relative(a, t)
-        ok = difference <= tolerance
-        report.failed += not ok
-        found["checks"].append(f"| {what} | {difference:.1e} | {floor:.1e} | {tolerance:.1e} | {'pass' if ok else '**fail**'} |")
+        report.failed += difference > tolerance
+        found["checks"].append(f"| {what} | {difference:.1e} | {floor:.1e} | {tolerance:.1e} | {'pass' if difference <= tolerance else '**fail**'} |")
 
 
 def row(name: str, family: dict, length: int, device: str, args, left, report: Report) -> None:
@@ -325,6 +329,9 @@ def row(name: str, family: dict, length: int, device: str, args, left, report: R
     plain, model = family["plain"], family["model"]
     rows = report.family(name)["rows"]
     calls_per_rep = 4
+    if family["per_token_s"] is None:
+        rows.append(f"| {length} | skipped: no warm trace to project from (the checks raised) | | | |")
+        return
     projected = (args.reps + 1) * calls_per_rep * family["per_token_s"] * length
     if projected > left():
         rows.append(f"| {length} | skipped: projected {projected:.0f} s, {max(left(), 0):.0f} s left of --budget-s | | | |")
@@ -332,9 +339,6 @@ def row(name: str, family: dict, length: int, device: str, args, left, report: R
     mixers = [layer.linear_attn for layer in model.layers if layer.linear_attn is not None]
     ids = prompt(model, length, seed=length).to(device)
     mid = length // 2
-
-    def plain_forward():
-        plain(ids)
 
     def trace_nothing():
         with model.trace(ids):
@@ -349,7 +353,7 @@ def row(name: str, family: dict, length: int, device: str, args, left, report: R
         with nnterp.fast_states(model), model.trace(ids):
             mixers[0].set_state_after(mid, mixers[0].state_after(mid) * 2)
 
-    calls = {"plain": plain_forward, "trace": trace_nothing, "states": fast_states, "write": write}
+    calls = {"plain": lambda: plain(ids), "trace": trace_nothing, "states": fast_states, "write": write}
     times: dict = {key: [] for key in calls}
     begun = time.perf_counter()
     try:
@@ -365,10 +369,6 @@ def row(name: str, family: dict, length: int, device: str, args, left, report: R
                     times[key].append(time.perf_counter() - start)
     except torch.cuda.OutOfMemoryError:
         rows.append(f"| {length} | out of memory | | | |")
-        return
-    except Exception as error:  # noqa: BLE001 - one length's failure is written in its place; the others still run
-        report.error(name, f"the timing at L={length}", error)
-        rows.append(f"| {length} | error (above) | | | |")
         return
     finally:
         if device == "cuda":

@@ -141,9 +141,11 @@ def check(kind: str, folder: Path, report, gpu: bool = True) -> None:
 
     import nnterp
     from benchmarks.cases import build
+    from benchmarks.gpu import transformers_mamba2
     from nnterp import StandardizedTransformer
     from nnterp.testing import tiny_config
 
+    transformers_mamba2()  # with fla installed, a Mamba-2 checkpoint would load as fla's model
     config = tiny_config(kind)
     for key, dim in HEAD_DIMS.items():
         if getattr(config, key, dim) < dim:
