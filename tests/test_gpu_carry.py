@@ -97,8 +97,20 @@ def device_command() -> str:
 
 def image_site(folder: Path) -> Path:
     """This environment's distributions that the image has, linked into ``folder`` (their top-level files)."""
+    from packaging.requirements import Requirement
+
     folder.mkdir()
-    wanted = set(IMAGE)
+    wanted, todo = set(IMAGE), ["torch"]
+    while todo:  # and torch's own needs, whatever this build names them (its CUDA libraries): the image's torch has its
+        try:
+            lines = metadata.requires(todo.pop()) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for line in lines:
+            need = Requirement(line)
+            if norm(need.name) not in wanted and (need.marker is None or need.marker.evaluate({"extra": ""})):
+                wanted.add(norm(need.name))
+                todo.append(need.name)
     for dist in metadata.distributions():
         if norm(dist.metadata["Name"]) not in wanted:
             continue
