@@ -161,9 +161,103 @@ def test_gpu_script_dry_run_checks_fast_against_routed(tmp_path, capsys):
     page.write_text("# Performance\n\n" + gpu.SECTION + "\nnot run\n" + gpu.END + "\n")
     status = gpu.main(["--cpu-dry-run", "--lengths", "12", "--check-length", "10", "--reps", "1", "--out", str(out), "--page", str(page)])
     text = out.read_text()
-    assert status == 0 and "Checks: all passed" in text
-    assert text.count("| pass |") >= 5 and "**fail**" not in text
+    assert status == 0 and "Run finished; checks failed or raised: 0." in text
+    assert text.count("| pass |") == 7 and "**fail**" not in text  # 3 + 1 DeltaNet checks, 2 + 1 Mamba-2
+    assert text.count("| 12 | 0.") == 2, "a timing row per family"
     assert "not run" not in page.read_text() and page.read_text().count(gpu.SECTION) == 1
+    # A brought-back section goes into the page as it is.
+    (tmp_path / "back.md").write_text(gpu.SECTION + "\nfrom the GPU\n" + gpu.END + "\n")
+    assert gpu.main(["--section", str(tmp_path / "back.md"), "--page", str(page)]) == 0
+    assert "from the GPU" in page.read_text() and "Run finished" not in page.read_text()
+
+
+def test_gpu_script_skips_what_its_budget_would_not_fit(tmp_path, monkeypatch):
+    from benchmarks import gpu
+
+    real_check = gpu.check
+
+    def check(name, family, *args):
+        real_check(name, family, *args)
+        family["per_token_s"] = 1.0  # the projection's input fixed: 8 calls of a second per token
+
+    monkeypatch.setattr(gpu, "check", check)
+    out = tmp_path / "gpu.md"
+    common = ["--cpu-dry-run", "--check-length", "10", "--reps", "1", "--out", str(out)]
+    assert gpu.main([*common, "--budget-s", "600", "--lengths", "12", "--families", "mamba2"]) == 0
+    text = out.read_text()
+    assert text.count("| pass |") == 3 and "| 12 | 0." in text, "projected 96 s: it runs"
+    assert gpu.main([*common, "--budget-s", "600", "--lengths", "1000", "500", "--families", "mamba2"]) == 0
+    text = out.read_text()
+    assert "| 500 | skipped: projected 4000 s" in text and "| 1000 | skipped: projected 8000 s" in text, text
+    assert text.index("| 500 |") < text.index("| 1000 |"), "shortest first"
+    assert gpu.main([*common, "--budget-s", "0", "--lengths", "12"]) == 0
+    text = out.read_text()
+    assert text.count("Skipped: the budget (0 s) was spent before it began.") == 2 and "| pass |" not in text, text
+
+
+def test_gpu_script_errors_leave_the_other_family_and_length(tmp_path, monkeypatch):
+    # An error in one family's checks, and in one length of the other's timing: the rest is measured and written.
+    from benchmarks import gpu
+
+    real_check, real_row = gpu.check, gpu.row
+
+    def check(name, *args):
+        if name == "mamba2":
+            raise RuntimeError("injected into the checks")
+        return real_check(name, *args)
+
+    def row(name, family, length, *args):
+        if length == 12:
+            raise RuntimeError("injected into a row")
+        return real_row(name, family, length, *args)
+
+    monkeypatch.setattr(gpu, "check", check)
+    monkeypatch.setattr(gpu, "row", row)
+    out = tmp_path / "gpu.md"
+    assert gpu.main(["--cpu-dry-run", "--lengths", "12", "14", "--check-length", "10", "--reps", "1", "--out", str(out)]) == 1
+    text = out.read_text()
+    deltanet, mamba = text.split("### mamba2")
+    assert deltanet.count("| pass |") == 4 and "| 14 | 0." in deltanet and "injected into a row" in deltanet, text
+    assert "injected into the checks" in mamba and "| pass |" not in mamba, text
+    assert "| 14 | skipped: no warm trace" in mamba, "no projection without the checks' warm trace"
+    assert "Run finished; checks failed or raised: 3." in text  # the checks' error, and a row's in each family
+
+
+def test_gpu_script_killed_mid_run_leaves_each_finished_table_on_disk(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from benchmarks import gpu
+
+    out, started = tmp_path / "gpu.md", tmp_path / "mamba2-row-started"
+    code = (
+        "import sys, time; from benchmarks import gpu; real = gpu.row\n"
+        "def row(name, *args):\n"
+        f"    if name == 'mamba2': open({str(started)!r}, 'w').close(); time.sleep(3600)\n"
+        "    return real(name, *args)\n"
+        "gpu.row = row\n"
+        f"sys.exit(gpu.main(['--cpu-dry-run', '--lengths', '12', '--check-length', '10', '--reps', '1', '--out', {str(out)!r}]))\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=Path(gpu.__file__).parents[1], env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 600  # a bound on a stuck run, not a measurement
+        while not started.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert started.exists(), "the Mamba-2 row never started"
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    text = out.read_text()
+    assert text.startswith(gpu.SECTION) and text.endswith(gpu.END + "\n") and "**cut short**" in text
+    assert text.count("| pass |") == 7, "both families' checks were written when they finished"
+    deltanet, mamba = text.split("### mamba2")
+    assert "| 12 | 0." in deltanet and "| 12 |" not in mamba
 
 
 def test_gpu_script_without_a_gpu_says_so(monkeypatch):
