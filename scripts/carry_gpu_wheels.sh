@@ -3,7 +3,7 @@
 #
 #   scripts/carry_gpu_wheels.sh [DEST] [PYTHON_VERSION]    # defaults: .whl (ignored by git) and 3.12 (the image's)
 #
-# The image (KINDS.md of the device tool, read 2026-11-17) holds torch 2.11, triton 3.6, transformers 5.17 (below
+# The image (its package list, read 2026-11-17) holds torch 2.11, triton 3.6, transformers 5.17 (below
 # nnterp's 5.18), huggingface-hub 1.33, tokenizers 0.23.2, safetensors 0.8.0, accelerate, jaxtyping, einops, httpx,
 # cloudpickle, pyyaml, tqdm, numpy; not nnsight, fla, nor nnsight's needs below. typing-extensions and regex are there
 # at versions nobody read, below what pydantic and transformers 5.24 ask for perhaps: carried, they shadow them.

@@ -3,10 +3,10 @@
 The device machine reaches no registry: what its image lacks travels as wheels (`scripts/carry_gpu_wheels.sh`,
 downloaded here for this Python) and is installed by the one command in `benchmarks/gpu.py`'s docstring, offline
 (``--no-index --no-deps --target``). Here the image is stood in for by this environment's distributions that the
-image's list names (``IMAGE``, from the device tool's KINDS.md, read on 2026-11-17), linked into a folder put on the
+image's list names (``IMAGE``, from the GPU machine image's package list, read on 2026-11-17), linked into a folder put on the
 path after the carried one, and a ``python3`` that runs without this environment's site-packages (``-S``). Then
 the command runs as written, with ``--cpu-dry-run`` added to the two scripts, and every requirement of nnterp and of
-the carried wheels must be met by the carried folder or the image, at the image's versions where KINDS.md gives them.
+the carried wheels must be met by the carried folder or the image, at the image's versions where its package list gives them.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ tensorboard-data-server tensorstore threadpoolctl tifffile tiktoken timm tokeniz
 torchdiffeq torch-geometric torchmetrics torchvision tqdm transformers treescope triton typer typing-extensions
 typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
 """.split()
-#: The image's versions where KINDS.md's pip list gives them (transformers' is below nnterp's range: it must be carried).
+#: The image's versions where the image's pip list gives them (transformers' is below nnterp's range: it must be carried).
 IMAGE_VERSIONS = {
     "accelerate": "1.15.0", "huggingface-hub": "1.33.0", "jaxtyping": "0.3.11", "numpy": "2.5.2", "safetensors": "0.8.0",
     "tokenizers": "0.23.2", "torch": "2.11.0", "transformers": "5.17.0", "triton": "3.6.0",
