@@ -10,13 +10,17 @@
   (``layers``, ``embed_tokens``, ``ln_final``, ``lm_head``, 1.x's ``model``) on
   the family's paths;
 * `check_standard_names`: 1.x's ``check_renaming=True``, one forward checking
-  every standard value's shape.
+  every standard value's shape;
+* `transformers_own_config`: the config again through transformers' own class
+  where another package registered its own for a model type nnterp serves
+  (flash-linear-attention does so for ``mamba2`` when transformers imports it).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -61,16 +65,58 @@ def model_config(model: Any, revision: str | None = None) -> Any:
         )
     path = os.fspath(model)
     if os.path.isdir(path):
-        return folder_config(path)
+        return transformers_own_config(folder_config(path), lambda: folder_config(path))
     looks_local = path.startswith((".", "/", "~")) or path.count("/") != 1  # a hub id is "owner/name"
     try:
-        return AutoConfig.from_pretrained(path, revision=revision)
+        config = AutoConfig.from_pretrained(path, revision=revision)
     except Exception as error:
         where = "no folder exists at that path" if looks_local else "the hub could not serve it"
         raise LoadError(
             f"could not load {path!r}: {where} ({type(error).__name__}: {error}). Pass a folder saved with "
             "save_pretrained, a hub id this machine can reach, or a loaded model with tokenizer="
         ) from error
+    return transformers_own_config(config, lambda: AutoConfig.from_pretrained(path, revision=revision))
+
+
+class ForeignRegistration(UserWarning):
+    """Another package had registered its own classes for a model type nnterp serves through transformers' classes."""
+
+
+def transformers_own_config(config: Any, reload: Any) -> Any:
+    """``config``, or the same checkpoint's config through transformers' own class, re-registered for its model type.
+
+    A package may register its own config and model classes for a model type
+    transformers ships: flash-linear-attention registers its ``Mamba2Config``
+    and ``Mamba2ForCausalLM`` for ``"mamba2"`` (``exist_ok=True``), and
+    transformers imports it when a modeling module binds its hub kernels. The
+    checkpoint would then load as that package's model, which has none of the
+    module paths nnterp's family knows (its mixer would be a plain envoy, with no
+    ``linear_attn`` value served). So nnterp registers transformers' class for
+    that model type again (process-wide: ``AutoConfig`` maps the type back to
+    transformers, and ``AutoModelForCausalLM`` follows the config's class),
+    warns once with `ForeignRegistration`, and reads the config again.
+    ``reload`` reads the checkpoint's config.
+    """
+    from transformers import AutoConfig
+
+    from .families import REGISTRY
+
+    model_type = getattr(config, "model_type", None)
+    if type(config).__module__.startswith("transformers.") or model_type not in REGISTRY:
+        return config
+    family = REGISTRY[model_type]
+    own = next((c for c in (family.CONFIG, family.COMPOSITE_CONFIG) if c is not None and c.model_type == model_type), None)
+    if own is None:
+        return config
+    warnings.warn(
+        f"{type(config).__module__.partition('.')[0]} had registered its own {type(config).__name__} for model_type "
+        f"{model_type!r}; nnterp loads transformers' {own.__name__} and its model, which it standardizes (to use the "
+        "other package's model, load it with that package and trace it with nnsight)",
+        ForeignRegistration,
+        stacklevel=3,
+    )
+    AutoConfig.register(model_type, own, exist_ok=True)
+    return reload()
 
 
 def standard_aliases(family: Any) -> dict:
