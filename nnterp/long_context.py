@@ -24,8 +24,11 @@ Effective memory, after Buitrago & Gu's Effective Remembrance (2507.02782):
 prediction at ``T`` changes when the context before ``t`` is taken away (near
 0: the prediction no longer depends on it). Here the context is taken away by
 resetting the recurrent state (and convolution window) entering token ``t``
-to zeros, which on a recurrent-only model is exactly running ``x_t..x_T``
-from a fresh state. ``d`` here is ``KL(p_full || p_reset)`` of the two
+to zeros, which on a recurrent-only model is running ``x_t..x_T`` from a
+fresh state (on RWKV-4, all but one token: the reset zeroes the WKV state and
+the time-mix token shift, nnterp's ``conv_state_input``, but not the
+channel-mix token shift, which still carries ``x_{t-1}`` into the
+feed-forward). ``d`` here is ``KL(p_full || p_reset)`` of the two
 next-token distributions (natural log), so that it reads like nnterp's patch
 effects; the paper takes a bounded distance between them (total variation, as
 we read it), so compare shapes of curves with the paper's, not values. Two
