@@ -23,6 +23,7 @@ import nnterp
 from nnterp import KernelFailure, Unavailable
 from nnterp.families import families
 from nnterp.recurrent.kernels import closure, is_dispatcher
+from nnterp.recurrent.settings import mark_remote
 from tests.suites.caches import Cache
 from tests.suites.checkpoint import PROMPT, model_type_params
 from tests.suites.contract import NEW, fast_tol, recurrent_layers
@@ -183,7 +184,7 @@ def test_a_state_write_generates_like_the_plain_loop_with_the_cache_replaced(mod
     assert torch.equal(patched, expected)
 
 
-def test_knockout_and_steering_are_their_unbound_results(model):
+def test_knockout_steering_and_a_prompts_state_input_are_their_unbound_results(model):
     mix = model.layers[recurrent_layers(model)[-1]].linear_attn
     ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
     skip = model.support()["linear_attn.knockout.skip"] is None
@@ -209,6 +210,10 @@ def test_knockout_and_steering_are_their_unbound_results(model):
             with nnterp.fast_states(model), model.trace(ids):
                 mix.steer_state(delta, positions=[2], scale=30.0)
                 out["steer at 2"] = model.logits.save()
+            if "state" in type(mix).CHUNK_ARGUMENTS:  # a prompt kernel taking the entering state (not Mamba-1's)
+                with model.trace(ids):
+                    mix.state_input = 30.0 * delta.expand(shape)
+                    out["state_input"] = model.logits.save()
         return out
 
     expected = run()
@@ -216,7 +221,8 @@ def test_knockout_and_steering_are_their_unbound_results(model):
         got = run()
     assert not torch.equal(expected["knockout"], clean), "the knockout changes the logits"
     assert not torch.equal(expected["steer at 2"], clean), "the steering changes the logits"
-    for name in ("knockout", "skip", "steer"):
+    assert "state_input" not in expected or not torch.equal(expected["state_input"], clean), "the write changes them"
+    for name in ("knockout", "skip", "steer", "state_input"):
         if name in expected:
             assert torch.equal(got[name], expected[name]), name
     # Unbound, the fast path's one pass computes the kernel's output itself; bound, the kernel runs on the split call.
@@ -309,3 +315,15 @@ def test_a_kernel_failure_is_also_the_builtin_the_kernel_raised(load):
         model.logits.save()
     assert isinstance(raised.value, KernelFailure) and FIX in str(raised.value)
     assert "head_dim in (16, 32, 64, 128, 256)" in str(raised.value)
+
+
+def test_on_a_server_the_reason_names_fast_states_not_routing(checkpoint):
+    # A model marked remote (``remote=True``): routing in this process cannot reach the server's kernels.
+    family = next(family for family in families() if hub_dispatched(family) and family.MIXER.FAST is not None)
+    model = nnterp.StandardizedTransformer(str(checkpoint(family.MODEL_TYPES[0])), dispatch=True, device="cpu")
+    mark_remote(model)
+    with bound_kernels(model):
+        support = model.support()
+        assert support["linear_attn.state_output"] is None and support["linear_attn.attention_queries"] is None
+        for reason in reasons(support["linear_attn.states"]):
+            assert "runs on a server" in reason and "fast_states(model)" in reason and FIX not in reason, reason
