@@ -36,12 +36,12 @@ from torch._guards import detect_fake_mode
 from .accessors import OneXInterface
 from .attention_probabilities import AttentionProbabilitiesSlot
 from .core.dims import Logits, Probs
-from .core.errors import EmptyPrompt, InvalidArgument, RoutingError, SignatureError, Unavailable
+from .core.errors import EmptyPrompt, InvalidArgument, SignatureError, Unavailable
 from .core.values import DerivedEProperty, EProperty, Unwrap, served_as
 from .families import family_for
 from .knockout import model_knockout
 from .loading import check_standard_names, constructor_keywords, model_config, standard_aliases
-from .recurrent.routing import refused_device
+from .recurrent.routing import kernel_error
 from .recurrent.settings import mark_remote, marked_generating
 from .selection import states_of
 from .steering import steer_states
@@ -267,17 +267,14 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
         steer_states(self, vectors, scale, positions)
 
     def interleave(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """nnsight's driver of every trace, refusing first a run a compiled kernel would refuse.
+        """nnsight's driver of every trace; an optimized kernel's failure inside it names the fix.
 
-        With ``mamba_ssm`` / ``causal-conv1d`` bound, the kernel rejects CPU
-        tensors from deep inside the forward; checked here, after the weights
-        are dispatched, the error names `route_kernels`.
+        With fla, mamba_ssm or causal-conv1d installed, transformers binds their
+        kernels whatever the device, and they fail from deep inside the forward
+        (on a CPU); `kernel_error` keeps their error and adds `route_kernels`.
         """
         if not self.dispatched and detect_fake_mode() is None:
             self.dispatch()
-        reason = refused_device(self)
-        if reason is not None:
-            raise RoutingError(reason)
         # tracer.iter counts steps under generate and a prompt's tokens in a trace: `state` needs to know which.
         with marked_generating(self, getattr(fn, "__name__", None) == "generate"), self.family.around_run(self._module):
             # Explicit class: on a server this method is rebuilt from its source, without a `__class__` cell.
@@ -288,6 +285,11 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
                 if refused is None:
                     raise
                 raise refused from error
+            except Exception as error:
+                failed = kernel_error(self, error)
+                if failed is None:
+                    raise
+                raise failed from error
 
     # -- remote execution (docs/remote.md) --------------------------------------------------
 

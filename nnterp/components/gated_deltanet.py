@@ -37,8 +37,9 @@ Values, in the order the forward makes them (all ``[batch, seq, ...]``;
 * ``attention_output`` ``[batch, seq, hidden]``: the mixer's output.
 
 Every value but ``attention_output`` and the conv windows is read at the
-kernel call, so needs transformers' pure-torch kernels
-(`needs_torch_kernels`): with flash-linear-attention installed, they say so.
+kernel call, whatever kernel is bound (flash-linear-attention's included);
+only the per-token states are read inside the kernel, and with
+flash-linear-attention bound they say so (`needs_torch_kernels`).
 The kernel's arguments are named ``q``, ``k``, ``v``, ``g``, ``beta``,
 ``state`` in its signature table (``argument(name)``, the fast path).
 """

@@ -39,7 +39,7 @@ from ..fast.spec import EffectiveSpec, FastSpec
 from ..recurrent import arguments, per_token
 from ..recurrent.call import Call
 from ..recurrent.gradient_support import gradient_reasons
-from ..recurrent.kernels import drill, modeling_of, needs_torch_kernels, original_body, runs_pure_torch
+from ..recurrent.kernels import drill, modeling_of, needs_torch_kernels, original_body, runs_pure_torch, unreadable_call
 from ..recurrent.knockout import RecurrenceInterventions
 from ..recurrent.labels import Label, cache_test, call_label, state_label, without_labels
 from ..recurrent.no_cache import final_state_reason
@@ -221,7 +221,7 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
         names = set(type(self).CHUNK_ARGUMENTS) | set(type(self).RECURRENT_ARGUMENTS)
         if name not in names:
             raise InvalidArgument(f"`linear_attn.argument` takes one of {sorted(names)}, got {name!r}")
-        reason = needs_torch_kernels(self)
+        reason = unreadable_call(self)
         if reason is not None:
             raise Unavailable(f"linear_attn.argument({name!r})", reason)
         mediator(f"`linear_attn.argument({name!r})`")
@@ -253,7 +253,7 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
     state_input = DerivedEProperty(
         _state_input, assign=_assign_state_input, key=kernel.__func__("inputs"),
         description="the state entering this call (None on a fresh prompt), a copy; assign to continue from another",
-        unavailable=needs_torch_kernels, annotation=State, none_on_fresh_prompt=True,
+        unavailable=unreadable_call, annotation=State, none_on_fresh_prompt=True,
     )
     state_output = DerivedEProperty(
         read_state_output, assign=write_state_output, key=kernel.__func__("output"),
@@ -396,5 +396,5 @@ def kernel_argument(name: str, description: str, annotation: Any) -> DerivedEPro
     """
     return DerivedEProperty(
         lambda envoy: envoy.record().serve(name), assign=lambda envoy, view: envoy.record().assign(name, view),
-        key=kernel("inputs"), description=description, unavailable=needs_torch_kernels, annotation=annotation,
+        key=kernel("inputs"), description=description, unavailable=unreadable_call, annotation=annotation,
     )

@@ -74,7 +74,7 @@ from ..recurrent.arguments import (
 )
 from ..recurrent.call import Call
 from ..recurrent.gradients import on_the_path, recording
-from ..recurrent.kernels import drill, modeling_of, needs_torch_kernels
+from ..recurrent.kernels import drill, modeling_of, unreadable_call
 from ..recurrent.labels import Label, call_label
 from ..recurrent.per_token.loop import needs_recurrent_routing
 from .conv import conv_state_input, conv_state_output
@@ -169,13 +169,13 @@ class SelectiveScan(RecurrentMixer):
         served_betas,
         assign=assign_step,
         description="the step size Δ = softplus(dt + dt_bias) > 0, [batch, seq, channels]; a write sets dt",
-        unavailable=needs_torch_kernels,
+        unavailable=unreadable_call,
         annotation=Channels,
     )
     decays = DerivedEProperty(
         _decays_value,
         description="the log decay Δ·A ≤ 0 (the state is multiplied by exp of it), [batch, seq, channels, state_size]",
-        unavailable=needs_torch_kernels,
+        unavailable=unreadable_call,
         annotation=ScanStates,
     )
     state_input = RecurrentMixer.state_input.variant(

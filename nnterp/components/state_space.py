@@ -74,7 +74,7 @@ from ..recurrent.arguments import (
     served_step,
 )
 from ..recurrent.call import Call
-from ..recurrent.kernels import modeling_of, needs_torch_kernels, original_body
+from ..recurrent.kernels import modeling_of, original_body, unreadable_call
 from ..recurrent.labels import Label, bindings, state_label
 from .conv import conv_state_input, conv_state_output
 from .recurrent import RecurrentMixer, kernel_argument
@@ -170,14 +170,14 @@ class StateSpace(RecurrentMixer):
         served_betas,
         assign=assign_step,
         description="the step size Δ = softplus(dt + dt_bias) > 0, [batch, seq, mixer_heads]; a write sets dt",
-        unavailable=needs_torch_kernels,
+        unavailable=unreadable_call,
         annotation=Gates,
     )
     decays = DerivedEProperty(
         _decays_value,
         assign=_assign_decays,
         description="the log decay Δ·A ≤ 0 (the state is multiplied by exp of it), [batch, seq, mixer_heads]; a write sets dt",
-        unavailable=needs_torch_kernels,
+        unavailable=unreadable_call,
         annotation=Gates,
     )
     state_input = RecurrentMixer.state_input.variant(

@@ -36,6 +36,8 @@ A request the run cannot serve at this moment or in this process:
     OrderError         (NnterpError, RuntimeError) a read or write after the run passed the moment it needs, with the order to use
     NotInTrace         (NnterpError, RuntimeError) a value read or written outside ``model.trace`` / ``model.generate``
     RoutingError       (NnterpError, RuntimeError) kernel routing asked for inside a running trace
+    KernelFailure      (NnterpError, RuntimeError) an optimized kernel failed inside the forward (its own error is the
+                                                   cause; `kernel_failure` subclasses the builtin it raised)
 
 nnterp 1.x's own names:
 
@@ -95,6 +97,31 @@ class LoadError(NnterpError, OSError):
 
 class RoutingError(NnterpError, RuntimeError):
     """Kernel routing asked for at a moment it cannot take effect (inside a trace)."""
+
+
+class KernelFailure(NnterpError, RuntimeError):
+    """An optimized kernel (fla, mamba_ssm, causal-conv1d) failed inside the forward: its error is the cause, the
+    message adds the fix (``route_kernels(model.family, "torch")``)."""
+
+
+_FAILURES: dict = {}
+
+
+def kernel_failure(raised: BaseException) -> type:
+    """The `KernelFailure` class to raise for a kernel's error ``raised``: also a subclass of the builtin it is.
+
+    A user catching what the kernel raises (``RuntimeError``, ``ValueError``, ...) still catches it; a builtin
+    whose layout cannot be mixed with `KernelFailure`'s gives `KernelFailure` itself.
+    """
+    builtin = next((c for c in type(raised).__mro__ if c.__module__ == "builtins"), Exception)
+    if issubclass(KernelFailure, builtin):
+        return KernelFailure
+    if builtin not in _FAILURES:
+        try:
+            _FAILURES[builtin] = type(f"KernelFailure{builtin.__name__}", (KernelFailure, builtin), {"__module__": __name__})
+        except TypeError:
+            _FAILURES[builtin] = KernelFailure
+    return _FAILURES[builtin]
 
 
 class WrongType(NnterpError, TypeError):

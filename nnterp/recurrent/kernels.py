@@ -107,20 +107,25 @@ def compiled_package(fn: Any) -> str | None:
 def optimized(fn: Any) -> str | None:
     """Why the binding ``fn`` has no Python body to read inside, or ``None``; names the package and the fix."""
     if is_hub_module(fn):
-        return (
-            f"the HF `kernels` package binds transformers' pure-torch {getattr(fn, 'kernel_layer_name', 'kernel')} "
-            "to an nn.Module nnsight cannot drill into; set USE_HUB_KERNELS=0 in the environment before importing "
-            "transformers, or uninstall `kernels`, to read these"
-        )
+        return hub_module_reason(fn)
     if is_dispatcher(fn):
         package = compiled_package(fn)
         if package is not None:
             return (
                 f"read inside transformers' pure-torch {closure(fn)['torch_function'].__name__}, but this process "
-                f"dispatches it to an optimized kernel ({package}) with no Python source; uninstall it, or call "
-                "nnterp.route_kernels(model.family, 'torch'), to read these"
+                f"dispatches it to an optimized kernel ({package}) whose interior nnsight cannot read; call "
+                "nnterp.route_kernels(model.family, 'torch') to read these (slower, like eager attention)"
             )
     return None
+
+
+def hub_module_reason(fn: Any) -> str:
+    """Why a binding of the HF ``kernels`` package hides the call: an ``nn.Module`` nnsight cannot drill into."""
+    return (
+        f"the HF `kernels` package binds transformers' pure-torch {getattr(fn, 'kernel_layer_name', 'kernel')} "
+        "to an nn.Module nnsight cannot drill into; set USE_HUB_KERNELS=0 in the environment before importing "
+        "transformers, or uninstall `kernels`, to read these"
+    )
 
 
 def modeling_of(module_or_class: Any) -> ModuleType:
@@ -177,22 +182,64 @@ def drill(op: Any) -> Any:
 
 
 def needs_torch_kernels(mixer: Any) -> str | None:
-    """Why a recurrent mixer's kernel values are unavailable: the kernel has no Python source to read inside.
+    """Why a value read *inside* a recurrent mixer's scan kernel is unavailable: the bound kernel has no interior to read.
 
-    The scan's kernels first, then the short convolution's: a compiled
-    convolution (causal-conv1d) makes the same values unavailable, since its
-    package refuses the run that would serve them until the family is routed.
+    The token loop's state binding, the chunk scan's boundaries: an optimized
+    kernel (fla, mamba_ssm) computes them without binding them in Python. Only
+    the scan's two kernels count: a compiled convolution (causal-conv1d) leaves
+    the scan's interior as readable as before. Where ``fast_states`` computes
+    the same values from the call's arguments, the reason says so.
     """
     modeling = modeling_of(mixer._module)
     cls = type(mixer)
-    for name in (cls.CHUNK_FUNCTION, cls.RECURRENT_FUNCTION, *cls.CONV_FUNCTIONS):
+    for name in (cls.CHUNK_FUNCTION, cls.RECURRENT_FUNCTION):
         reason = optimized(modeling.__dict__.get(name))
         if reason is not None:
+            fast = getattr(cls, "FAST", None) is not None
             if runs_remotely(mixer):
                 reason = reason.partition("; ")[0] + (
                     "; this runs on a server, whose kernels only its operator can route (route_kernels cannot reach "
-                    "it): nnterp.fast_states(model) serves the per-token states without routing"
+                    "it)" + (": nnterp.fast_states(model) serves the per-token states without routing" if fast else "")
+                )
+            elif fast:
+                reason += (
+                    "; or nnterp.fast_states(model), which computes the per-token states from the kernel call's own "
+                    "arguments with the optimized kernel kept (not `state` under tracer.iter: read state_after(t))"
                 )
             return reason
     # A kernel the mixer itself knows to have no Python loop (RWKV's CUDA WKV kernel, loaded by transformers).
     return mixer.kernel_reason() if hasattr(mixer, "kernel_reason") else None
+
+
+def unreadable_call(mixer: Any) -> str | None:
+    """Why the scan kernel call's own inputs and return are unavailable, or ``None``: what most bindings serve.
+
+    The kernel's arguments, the state entering and leaving the call, the
+    decays, effective attention: all read at the call in the forward, whatever
+    kernel the dispatcher hands it to, so a compiled kernel (fla, mamba_ssm)
+    serves them. Only the HF ``kernels`` package's ``nn.Module`` binding hides
+    the call from nnsight.
+    """
+    modeling = modeling_of(mixer._module)
+    cls = type(mixer)
+    for name in (cls.CHUNK_FUNCTION, cls.RECURRENT_FUNCTION):
+        fn = modeling.__dict__.get(name)
+        if is_hub_module(fn):
+            return hub_module_reason(fn)
+    return mixer.kernel_reason() if hasattr(mixer, "kernel_reason") else None
+
+
+def failed_kernel(error: BaseException) -> tuple[str, str] | None:
+    """``(package, kernel name)`` when ``error`` was raised inside an optimized kernel the hub dispatcher called.
+
+    Read from the traceback: the dispatcher's frame (transformers' ``wrapped``)
+    holds its closure, and it handed the call to ``implementation``, not to the
+    pure-torch body (a routed or fallback call is a plain error of the forward).
+    """
+    found, traceback = None, error.__traceback__
+    while traceback is not None:
+        local = traceback.tb_frame.f_locals if traceback.tb_frame.f_code.co_name == "wrapped" else {}
+        if "implementation" in local and "torch_function" in local and local["implementation"] is not local["torch_function"]:
+            found = (str(local.get("package", "?")), str(local.get("func_name", local["torch_function"].__name__)))
+        traceback = traceback.tb_next
+    return found

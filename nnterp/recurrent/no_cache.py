@@ -57,7 +57,7 @@ from typing import Any
 import transformers
 
 from ..core.errors import InvalidArgument
-from .kernels import needs_torch_kernels
+from .kernels import unreadable_call
 
 #: Why no run of such a model keeps a value carried from one call to the next, and what works instead.
 REASON = (
@@ -109,9 +109,9 @@ def needs_a_cache(envoy: Any) -> str | None:
 
 
 def final_state_reason(mixer: Any) -> str | None:
-    """``unavailable=`` of ``state_output``: no run keeps it (`needs_a_cache`), or the kernel has no Python source
-    to read inside (`needs_torch_kernels`)."""
-    return needs_a_cache(mixer) or needs_torch_kernels(mixer)
+    """``unavailable=`` of ``state_output``: no run keeps it (`needs_a_cache`), or the kernel call is hidden from
+    nnsight (`unreadable_call`: the HF ``kernels`` package's module binding)."""
+    return needs_a_cache(mixer) or unreadable_call(mixer)
 
 
 def no_cache_reason(envoy: Any, default: str) -> str:

@@ -27,10 +27,10 @@ from typing import Any
 from nnsight.intervention.source import STATE
 
 from ..core.calls import in_trace
-from ..core.errors import InvalidArgument, RoutingError, WrongType
+from ..core.errors import InvalidArgument, NnterpError, RoutingError, WrongType, kernel_failure
 from ..core.interrupts import interrupts_held
 from ..core.local import LocalWeakSet
-from .kernels import STASH, compiled_package, torch_function
+from .kernels import STASH, failed_kernel, torch_function
 from .labels import labels_for
 
 MODES = ("torch", "default")
@@ -272,38 +272,27 @@ def _filled(cell: Any) -> bool:
     return True
 
 
-def refused_device(model: Any) -> str | None:
-    """Why running ``model`` would fail inside a compiled kernel that refuses its device, or ``None``.
+def kernel_error(model: Any, error: BaseException) -> BaseException | None:
+    """The error to raise for ``error``, when an optimized kernel raised it inside ``model``'s forward, or ``None``.
 
-    With ``mamba_ssm`` or ``causal-conv1d`` installed, the dispatcher hands a
-    CPU tensor to a CUDA kernel, which refuses it (``Expected u.is_cuda() to
-    be true``) from inside the forward. Checked before a trace runs, per mixer
-    on the device of its own weights, so the error names the fix.
+    transformers binds a kernel name to its package on import alone, with no
+    device check: on a CPU, mamba_ssm refuses the tensors (``Expected
+    u.is_cuda() to be true``) and fla's Triton kernels find no GPU (``0 active
+    drivers``). A trace that never reaches such a kernel runs; one that does
+    gets the kernel's own error as the message and the cause, and nnterp's one
+    line naming the fix, as a `KernelFailure` that is also the builtin the
+    kernel raised.
     """
-    family = getattr(model, "family", None)
-    if family is None or getattr(family, "MIXER", None) is None:
+    if isinstance(error, NnterpError):
         return None
-    modeling = family.MODELING
-    for _, component in mixers_of(family):
-        for name in (component.CHUNK_FUNCTION, component.RECURRENT_FUNCTION, *component.CONV_FUNCTIONS):
-            package = compiled_package(modeling.__dict__.get(name))
-            if package is None:
-                continue
-            for mixer in _mixers_on_cpu(model, component):
-                return (
-                    f"this process dispatches transformers' {name} to {package}'s compiled CUDA kernel, which refuses "
-                    f"this model's CPU tensors (`Expected ....is_cuda() to be true`, at {mixer.path}); call "
-                    f"nnterp.route_kernels(model.family, 'torch') before tracing it on a CPU"
-                )
-    return None
-
-
-def _mixers_on_cpu(model: Any, component: type) -> list:
-    found = []
-    for layer in model.layers:
-        mixer = getattr(layer, "linear_attn", None)
-        if isinstance(mixer, component):
-            parameter = next(mixer._module.parameters(), None)
-            if parameter is not None and parameter.device.type == "cpu":
-                found.append(mixer)
-    return found
+    failed = failed_kernel(error)
+    if failed is None:
+        return None
+    package, name = failed
+    family = getattr(model, "family", None)
+    named = "model.family" if family is not None else "the model's family"
+    return kernel_failure(error)(
+        f"{type(error).__name__}: {error}\n(raised inside {package}'s optimized kernel, to which this process's "
+        f"transformers dispatches {name}; call nnterp.route_kernels({named}, 'torch') to run transformers' "
+        "pure-torch kernels instead, e.g. on a machine where the package cannot run)"
+    )

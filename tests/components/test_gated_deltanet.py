@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import nnterp
-from nnterp import NnterpError, OrderError, RoutingError, StandardizedTransformer, Unavailable
+from nnterp import KernelFailure, NnterpError, OrderError, StandardizedTransformer, Unavailable
 from nnterp.components.gated_deltanet import LinearAttention
 from nnterp.testing import tiny_config, tiny_tokenizer
 from tests.reference import hf_oracles as hf
@@ -304,18 +304,22 @@ class TestLinearAttention(CheckpointFixtures):
         [("torch_chunk_gated_delta_rule", "fla"), ("causal_conv1d_fn", "causal_conv1d")],
         ids=["flash-linear-attention", "causal-conv1d"],
     )
-    def test_a_compiled_kernel_makes_kernel_values_unavailable_until_routed(self, model, kernel, package):
+    def test_a_compiled_kernel_serves_the_calls_values_and_refuses_only_its_interior(self, model, kernel, package):
+        before = model.support()
         with compiled_kernels(model.family.MODELING, [kernel]):
             support = model.support()
-            reason = support["linear_attn.attention_queries"][0]
-            assert f"optimized kernel ({package})" in reason and "route_kernels" in reason
-            assert support["linear_attn.states"][0] == reason
-            assert support["linear_attn.attention_output"] is None  # the module's own output needs no kernel source
+            assert support["linear_attn.attention_queries"] is None, "the call's own argument, read at the call"
+            assert support["linear_attn.state_output"] is None and support["linear_attn.attention_output"] is None
+            reason = support["linear_attn.states"][0]
+            if package == "fla":
+                assert "optimized kernel (fla)" in reason and "route_kernels" in reason and "fast_states" in reason
+            else:  # a compiled convolution leaves the scan's interior as readable as before
+                assert reason == before["linear_attn.states"][0]
             with pytest.raises(Unavailable) as raised:  # said before anything runs
                 model.layers[0].linear_attn.states
             assert raised.value.reason == reason
-            # The compiled kernel refuses CPU tensors: the trace refuses first, naming the fix.
-            with pytest.raises(RoutingError, match=r"route_kernels\(model.family, 'torch'\)"):
+            # The stand-in refuses CPU tensors, as the CUDA kernels do: the trace fails with its error and the fix.
+            with pytest.raises(KernelFailure, match=r"(?s)is_cuda.*route_kernels\(model.family, 'torch'\)"):
                 with model.trace(PROMPT):
                     model.layers[0].linear_attn.attention_output.save()
             with nnterp.route_kernels(model.family, "torch"):
@@ -323,7 +327,7 @@ class TestLinearAttention(CheckpointFixtures):
                 with torch.no_grad(), model.trace(PROMPT):
                     states = model.layers[0].linear_attn.states.save()
             assert states.shape[1] == len(model.tokenizer(PROMPT).input_ids)
-        assert model.support()["linear_attn.attention_queries"] is None
+        assert model.support() == before
 
     def test_traces_leave_weights_bindings_and_config_as_they_were(self, model, ids):
         modeling = model.family.MODELING

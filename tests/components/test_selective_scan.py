@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import nnterp
-from nnterp import NnterpError, NotInTrace, OrderError, ReadOnlyValue, RoutingError, Unavailable
+from nnterp import KernelFailure, NnterpError, NotInTrace, OrderError, ReadOnlyValue, Unavailable
 from nnterp.components.selective_scan import SelectiveScan
 from nnterp.recurrent.arguments import CHANNELS_FIRST, ONE_TOKEN
 from tests.blocks import check_printed, run_block
@@ -67,24 +67,23 @@ class MambaCases(CheckpointFixtures):
 
     # -- the optimized kernels ---------------------------------------------------
 
-    def test_with_compiled_kernels_values_inside_say_why_and_traces_refuse_to_start(self, model):
+    def test_with_compiled_kernels_only_values_inside_say_why_and_a_refused_device_names_the_fix(self, model):
         mixer = model.family.MIXER
         with compiled_kernels(model.family.MODELING, mixer_kernels(mixer)):
             support = model.support()
-            reason = support["linear_attn.attention_values"][0]
-            assert "optimized kernel (mamba_ssm)" in reason and "route_kernels" in reason
-            for name, value in mixer.values().items():
-                if name not in ("attention_output", "conv_state_input", "conv_state_output"):
-                    assert support[f"linear_attn.{name}"] is not None, name
+            reason = support["linear_attn.states"][0]
+            assert "optimized kernel (mamba_ssm)" in reason and "route_kernels" in reason and "fast_states" in reason
+            for name in mixer.values():
+                inside = name in ("state", "states")  # the token loop's binding, the chunk scan's boundaries
+                assert (support[f"linear_attn.{name}"] is not None) == inside, name
             assert support["layer.layer_output"] is None and support["linear_attn.attention_output"] is None
-            reached = []
-            with pytest.raises(RoutingError, match="route_kernels"):
+            # The stand-in refuses CPU tensors: the trace fails at the kernel, with its error, naming the fix.
+            with pytest.raises(KernelFailure, match=r"(?s)is_cuda.*route_kernels\(model.family, 'torch'\)") as raised:
                 with model.trace(PROMPT):
-                    reached.append(True)
                     model.layers[0].layer_output.save()
-            assert reached == [], "the trace failed before running anything"
+            assert isinstance(raised.value, RuntimeError) and isinstance(raised.value.__cause__, RuntimeError)
             with nnterp.route_kernels(model.family, "torch"):
-                assert model.support()["linear_attn.attention_values"] is None
+                assert "optimized kernel" not in str(model.support()["linear_attn.states"])  # Mamba-2: chunk_per_token's
                 with torch.no_grad(), model.trace(PROMPT):
                     routed = model.logits.save()
         with torch.no_grad(), model.trace(PROMPT):
@@ -93,9 +92,9 @@ class MambaCases(CheckpointFixtures):
 
     def test_inside_a_kernel_a_read_raises_unavailable_with_the_reason(self, model, mixers):
         with compiled_kernels(model.family.MODELING, mixer_kernels(model.family.MIXER)):
-            reason = model.support()["linear_attn.betas"][0]
+            reason = model.support()["linear_attn.states"][0]
             with pytest.raises(Unavailable) as raised:  # said before anything runs, inside a trace or not
-                model.layers[mixers[0]].linear_attn.betas
+                model.layers[mixers[0]].linear_attn.states
             assert raised.value.reason == reason
 
 
@@ -232,8 +231,8 @@ SPEC_BLOCK = '''
 mamba = StandardizedTransformer("state-spaces/mamba-130m-hf", dispatch=True, device="cpu")
 scan = mamba.layers[0].linear_attn
 print(type(scan).__name__, type(scan).STATE_OP, type(scan).STEP_STATE_OP)   # SelectiveScan ssm_state_3 ssm_state_0
-print(mamba.support()["linear_attn.attention_queries"][0])
-# read inside transformers' pure-torch mamba_selective_scan, but this process dispatches it to an optimized kernel (mamba_ssm) with no Python source; uninstall it, or call nnterp.route_kernels(model.family, 'torch'), to read these
+print(mamba.support()["linear_attn.states"][0])
+# read inside transformers' pure-torch mamba_selective_scan, but this process dispatches it to an optimized kernel (mamba_ssm) whose interior nnsight cannot read; call nnterp.route_kernels(model.family, 'torch') to read these (slower, like eager attention); or nnterp.fast_states(model), which computes the per-token states from the kernel call's own arguments with the optimized kernel kept (not `state` under tracer.iter: read state_after(t))
 route_kernels(mamba.family, "torch")
 with mamba.trace(prompt):
     states = scan.states.save()
@@ -263,8 +262,11 @@ def test_the_spec_block_runs_as_written(checkpoint, tmp_path):
     config = scope["mamba"]._module.config
     assert texts[1] == f"None (1, 3, {config.intermediate_size}, {config.state_size}) (1, 3, {config.hidden_size})"
     with compiled_kernels(modeling, mixer_kernels(SelectiveScan)):
-        assert scope["mamba"].support()["linear_attn.attention_queries"][0] == (
+        assert scope["mamba"].support()["linear_attn.attention_queries"] is None
+        assert scope["mamba"].support()["linear_attn.states"][0] == (
             "read inside transformers' pure-torch mamba_selective_scan, but this process dispatches it to an optimized "
-            "kernel (mamba_ssm) with no Python source; uninstall it, or call nnterp.route_kernels(model.family, 'torch'), "
-            "to read these"
+            "kernel (mamba_ssm) whose interior nnsight cannot read; call nnterp.route_kernels(model.family, 'torch') to "
+            "read these (slower, like eager attention); or nnterp.fast_states(model), which computes the per-token "
+            "states from the kernel call's own arguments with the optimized kernel kept (not `state` under "
+            "tracer.iter: read state_after(t))"
         )

@@ -12,12 +12,11 @@ import pytest
 import torch
 
 import nnterp
-from nnterp import StandardizedTransformer
+from nnterp import KernelFailure, StandardizedTransformer
 from nnterp.core.errors import NnterpError
 from nnterp.families import REGISTRY
-from nnterp.recurrent.routing import refused_device
 from nnterp.testing import tiny_checkpoint
-from tests.suites.standins import compiled_kernels, mixer_kernels
+from tests.suites.standins import Compiled, compiled_kernels, mixer_kernels
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 #: A gated DeltaNet hybrid (routed token loop and fast path) and Mamba-2 (chunk boundaries and fast path).
@@ -86,20 +85,23 @@ def test_a_split_model_reads_and_writes_as_a_plain_load(kind, offload, plain, tm
         assert torch.equal(ours[name], theirs[name]), name
 
 
-def test_the_compiled_kernel_check_looks_at_each_mixers_own_device(checkpoint):
-    # mamba_ssm / causal-conv1d stood in; `meta` stands in for a GPU. The embedding (the first parameter) stays on
-    # CPU: a model split with its mixers on the GPU is not refused for it.
-    model = StandardizedTransformer(str(checkpoint("mamba")), dispatch=True, device="cpu")
-    mixers = [layer.linear_attn for layer in model.layers]
-    with compiled_kernels(model.family.MODELING, mixer_kernels(model.family.MIXER)):
-        assert refused_device(model) is not None
-        for mixer in mixers:
-            mixer._module.to("meta")
-        assert next(model._module.parameters()).device.type == "cpu"
-        assert refused_device(model) is None
-        mixers[-1]._module.to_empty(device="cpu")
-        reason = refused_device(model)
-        assert reason is not None and mixers[-1].path in reason and "route_kernels" in reason
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_split_model_with_a_compiled_kernel_bound_serves_the_call_and_names_the_fix_where_it_fails(kind, plain, tmp_path):
+    # A compiled stand-in that runs (a package working on this device) serves the call's own values on a split model;
+    # one that refuses the device (mamba_ssm on CPU tensors) fails the trace with its error and route_kernels.
+    reference = plain(kind)
+    layer = mixer_layer(reference)
+    split = StandardizedTransformer(str(tiny_checkpoint(kind)), dispatch=True, device_map=device_map(reference, layer), offload_folder=str(tmp_path))
+    mix = split.layers[layer].linear_attn
+    with torch.no_grad(), split.trace(PROMPT):
+        leaving = mix.state_output.save()
+    with compiled_kernels(split.family.MODELING, mixer_kernels(split.family.MIXER), Compiled):
+        with torch.no_grad(), split.trace(PROMPT):
+            bound = mix.state_output.save()
+    assert torch.equal(bound, leaving)
+    with compiled_kernels(split.family.MODELING, mixer_kernels(split.family.MIXER)):
+        with pytest.raises(KernelFailure, match=r"route_kernels\(model.family, 'torch'\)"), split.trace(PROMPT):
+            split.logits.save()
 
 
 @pytest.mark.parametrize("write", ["state_output", "set_state_after"])

@@ -50,10 +50,7 @@ SETTINGS = [
     (settings, "_store"),  # each mixer's setting stored
 ]
 TRACE = [
-    (standardized, "refused_device"),
-    (routing, "mixers_of"),
-    (routing, "compiled_package"),
-    (routing, "_mixers_on_cpu"),
+    (standardized, "marked_generating"),
     (labels, "labels_for"),
     (recurrent_component, "per_call"),
     (recurrent_component, "once_per_call"),  # the strategy resolved once per call

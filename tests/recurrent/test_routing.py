@@ -1,4 +1,4 @@
-"""`route_kernels` (and its alias `route_delta_rule`) and `refused_device`: which kernel a family's modeling module binds.
+"""`route_kernels` (and its alias `route_delta_rule`), and a compiled kernel that fails: which kernel a family's modeling module binds.
 
 Routing is process-wide: it rebinds the kernel names in transformers' modeling
 module, so every test here leaves them as transformers bound them at import
@@ -15,12 +15,11 @@ import pytest
 import torch
 
 import nnterp
-from nnterp import RoutingError
+from nnterp import KernelFailure, RoutingError
 from nnterp.core.interrupts import interrupts_held
 from nnterp.families import families
 from nnterp.recurrent import kernels
 from nnterp.recurrent.kernels import STASH
-from nnterp.recurrent.routing import refused_device
 from tests.suites.standins import compiled_kernels, mixer_kernels
 
 PROMPT = "The Eiffel Tower is in the city of"
@@ -138,14 +137,15 @@ def test_routing_reaches_a_mixer_already_instrumented(checkpoint, model_type):
     assert torch.equal(states[:, -1], final)
 
 
-def test_refused_device_names_route_kernels_only_where_a_compiled_kernel_would_refuse(mamba, load):
-    assert refused_device(mamba) is None
-    assert refused_device(load("llama")) is None, "a family without a recurrent mixer"
+def test_a_compiled_kernel_that_refuses_the_device_fails_the_trace_naming_route_kernels(mamba, load):
+    with torch.no_grad(), load("llama").trace(PROMPT):  # a family without a recurrent mixer: nothing to say
+        pass
     with compiled_kernels(mamba.family.MODELING, ["causal_conv1d_fn"]):
-        reason = refused_device(mamba)
-        assert "causal_conv1d" in reason and "route_kernels(model.family, 'torch')" in reason
-        with nnterp.route_kernels(mamba.family, "torch"):
-            assert refused_device(mamba) is None
+        with pytest.raises(KernelFailure, match=r"(?s)is_cuda.*causal_conv1d_fn.*route_kernels\(model.family, 'torch'\)"):
+            with torch.no_grad(), mamba.trace(PROMPT):
+                mamba.logits.save()
+        with nnterp.route_kernels(mamba.family, "torch"), torch.no_grad(), mamba.trace(PROMPT):
+            mamba.logits.save()
 
 
 # -- interrupts and repairs: names and compiled forwards never disagree -------------------

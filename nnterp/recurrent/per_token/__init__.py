@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels import needs_torch_kernels
+from ..kernels import unreadable_call
 from ..settings import PER_TOKEN, generating
 from .boundaries import CHUNK_BOUNDARIES, ChunkBoundaries
 from .forward import FROM_FORWARD, FromForward
@@ -114,10 +114,10 @@ def iteration_reason(mixer: Mixer) -> str | None:
 
 
 def effective_reason(mixer: Mixer) -> str | None:
-    """Why ``effective_attention`` cannot be served now: no ``EFFECTIVE`` spec, or the kernels' reason."""
+    """Why ``effective_attention`` cannot be served now: no ``EFFECTIVE`` spec, or the kernel call is hidden."""
     if type(mixer).EFFECTIVE is None:
         return f"{type(mixer).__name__} has no effective attention"
-    return needs_torch_kernels(mixer)
+    return unreadable_call(mixer)
 
 
 def token_state_op(mixer: Mixer) -> str:
