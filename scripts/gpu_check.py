@@ -17,8 +17,9 @@ folder:
    prints the map;
 2. reports which optimized kernel package transformers bound for the mixer
    (flash-linear-attention for the gated DeltaNet, mamba_ssm / causal-conv1d for
-   Mamba-2; each optional), and whether nnterp's compiled-kernel check
-   (`refused_device`, per mixer on its own device) lets the split model run;
+   Mamba-2; each optional), and whether a trace of the split model runs or,
+   where a compiled kernel meets a mixer's CPU tensors, raises
+   ``nnterp.KernelFailure`` (the kernel's own error, naming ``route_kernels``);
 3. reads ``states`` of every mixer through ``nnterp.fast_states(model)`` (the
    kernel stays the optimized one, routed only where the check refuses it) and
    compares them with the routed states (``route_kernels(family, "torch")``, and
@@ -183,7 +184,6 @@ def check_placement(name: str, model, reference, report) -> None:
 
     import nnterp
     from nnterp.recurrent.kernels import compiled_package
-    from nnterp.recurrent.routing import refused_device
 
     family = model.family
     component = family.MIXER
@@ -193,11 +193,17 @@ def check_placement(name: str, model, reference, report) -> None:
            ", ".join(f"{fn} -> {package or 'pure torch'}" for fn, package in bound.items()))
     mixers = [(i, layer.linear_attn) for i, layer in enumerate(model.layers) if layer.linear_attn is not None]
     on_cpu = any(_device(mix).type == "cpu" for _, mix in mixers)
-    reason = refused_device(model)
-    expected = any(bound.values()) and on_cpu
-    report("PASS" if (reason is not None) == expected else "FAIL",
-           f"{name}: the compiled-kernel check refuses only a mixer on the CPU under a compiled kernel", reason or "not refused")
-    # Refused: the fast path runs with the family routed (its states still come from the kernel call's arguments).
+    reason = None
+    try:
+        with torch.no_grad(), model.trace(PROMPT):
+            model.logits.save()
+    except nnterp.KernelFailure as error:  # a compiled kernel refused a mixer's CPU tensors: its own error, and the fix
+        reason = " ".join(str(error).split())
+    possible = any(bound.values()) and on_cpu
+    report("PASS" if reason is None or (possible and "route_kernels" in reason) else "FAIL",
+           f"{name}: a trace runs, or fails only where a compiled kernel meets a CPU mixer, naming route_kernels",
+           reason or "ran")
+    # Failed: the fast path runs with the family routed (its states still come from the kernel call's arguments).
     fast_kernels = (lambda: nnterp.route_kernels(family, "torch")) if reason is not None else contextlib.nullcontext
     found: dict = {}
 
