@@ -27,6 +27,7 @@ import torch
 
 from .accessors import token_mixer
 from .core.errors import InvalidArgument, LoadError, SignatureError, UnsupportedModel, WrongType
+from .families import REGISTRY
 
 
 def folder_config(path: str) -> Any:
@@ -98,8 +99,6 @@ def transformers_own_config(config: Any, reload: Any) -> Any:
     ``reload`` reads the checkpoint's config.
     """
     from transformers import AutoConfig
-
-    from .families import REGISTRY
 
     model_type = getattr(config, "model_type", None)
     if type(config).__module__.startswith("transformers.") or model_type not in REGISTRY:

@@ -35,6 +35,17 @@ REMOTE = "_nnterp_remote"
 #: Attribute of a mixer envoy set while its model runs ``generate``, where ``tracer.iter`` counts the model's
 #: forward calls (the steps) rather than the tokens of one prompt call.
 GENERATING = "_nnterp_generating"
+#: Attribute of a mixer envoy holding the dtype `fast_states` stores its per-token states in (absent: float32).
+STATES_DTYPE = "_nnterp_states_dtype"
+#: The dtypes `fast_states` stores states in: float32, or one rounding of it (`nnterp.fast.scan.BF16_RTOL`).
+STATES_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def states_dtype(mixer: Any) -> Any:
+    """The dtype ``mixer``'s fast-path states are stored in (``torch.float32`` unless `fast_states` said another)."""
+    import torch
+
+    return mixer.__dict__.get(STATES_DTYPE) or torch.float32
 
 
 def runs_remotely(mixer: Any) -> bool:
@@ -85,12 +96,15 @@ class Setting:
 
     def __init__(self, name: str, mixers: list, previous: list, enabled: bool) -> None:
         self.name, self.mixers, self.previous, self.enabled = name, mixers, previous, enabled
+        self.previous_dtypes = [mixer.__dict__.get(STATES_DTYPE) for mixer in mixers]
 
     def __enter__(self) -> Setting:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         _store_all(self.mixers, self.previous, [per_token_setting(mixer) for mixer in self.mixers])
+        for mixer, before in zip(self.mixers, self.previous_dtypes):
+            object.__setattr__(mixer, STATES_DTYPE, before)
 
     def __repr__(self) -> str:
         return f"{self.name}({len(self.mixers)} mixers, enabled={self.enabled})"
@@ -134,24 +148,43 @@ def _store_all(mixers: list, values: list, previous: list) -> None:
             raise
 
 
-def fast_states(model: Any, enabled: bool = True) -> Setting:
+def fast_states(model: Any, enabled: bool = True, dtype: Any = None) -> Setting:
     """Serve ``states``, ``state_after`` and ``set_state_after`` of ``model``'s mixers from the kernel call's arguments.
 
     Per model, on every mixer whose component has a fast path (``FAST``),
     until ``enabled=False``; ``with nnterp.fast_states(model):`` restores on
     exit. No routing is needed, and an optimized kernel (flash-linear-attention,
     mamba_ssm) may stay bound. Call it outside a trace.
+
+    ``dtype``: what ``states`` and ``states_of`` are stored in (``None``:
+    float32, whatever the model's dtype). ``torch.bfloat16`` (or
+    ``torch.float16``) halves their memory: each state is computed in float32
+    and rounded once when stored, so an entry is within ``2⁻⁸`` of its
+    magnitude (bfloat16; `nnterp.fast.scan.BF16_RTOL`) plus float32's own
+    error, at any length. ``state_after(t)`` and the states a write continues
+    from stay float32.
     """
+    import torch
+
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or str(dtype).removeprefix("torch.") not in STATES_DTYPES):
+        raise InvalidArgument(
+            f"fast_states(dtype={dtype!r}): the states are stored in one of "
+            f"{', '.join('torch.' + name for name in STATES_DTYPES)} (or None, float32)"
+        )
+
     def applies(mixer: Any) -> bool:
         return getattr(type(mixer), "FAST", None) is not None
 
     kinds = sorted({type(mixer).__name__ for mixer in _mixers(model, "fast_states")}) or ["none"]
-    return _apply(
+    setting = _apply(
         model, "fast_states", "fast", enabled, applies,
         f"{type(model).__name__} has no mixer with a fast path (mixers: {', '.join(kinds)}): it covers the mixers whose "
         "prompt kernel keeps the per-token states to itself (gated DeltaNet, Kimi delta attention, Mamba-1, Mamba-2); "
         "support() says how this model's mixers serve `states` without it",
     )
+    for mixer in setting.mixers:
+        object.__setattr__(mixer, STATES_DTYPE, dtype if enabled else None)
+    return setting
 
 
 def chunk_per_token(model: Any, enabled: bool = True) -> Setting:

@@ -62,6 +62,7 @@ from ...fast.buffers import empty_states
 from ..call import Call
 from ..gradients import recording, records_any
 from ..kernels import bound, modeling_of, runs_pure_torch
+from ..settings import states_dtype
 from .protocol import Mixer, PerToken
 
 #: Tokens whose states `FromArguments.states_of` computes at once (its memory beyond the selection).
@@ -123,9 +124,9 @@ class FromArguments(PerToken):
             result = cls.FAST.resume(piece(cls.FAST, call.strategy["named"], lo, hi, None), initial, result)
         return result
 
-    def _buffer(self, shape: tuple, device: Any, differentiable: bool) -> torch.Tensor:
+    def _buffer(self, shape: tuple, device: Any, differentiable: bool, dtype: Any = torch.float32) -> torch.Tensor:
         """Where states are written: the reused pool (`nnterp.fast.buffers`), or a fresh tensor under autograd."""
-        return torch.empty(shape, device=device) if differentiable else empty_states(shape, device)
+        return torch.empty(shape, device=device, dtype=dtype) if differentiable else empty_states(shape, device, dtype)
 
     # -- reads ------------------------------------------------------------------------
 
@@ -139,7 +140,7 @@ class FromArguments(PerToken):
         differentiable = records_any(arguments.values())
         # Without autograd, into the reused buffer with no graph; with it, into a fresh tensor, as a function of the
         # arguments (a loss on the states reaches them). The kernel never reads these states, so no later loss does.
-        out = self._buffer((shape[0], call.seq, *shape[1:]), call.expected[2], differentiable)
+        out = self._buffer((shape[0], call.seq, *shape[1:]), call.expected[2], differentiable, states_dtype(mixer))
         done = one_pass(mixer, call, spec.one_pass, arguments, out) if not differentiable else None
         with torch.enable_grad() if differentiable else torch.no_grad():
             for lo, hi, initial in self.segments(call) if done is None else ():
@@ -177,6 +178,8 @@ class FromArguments(PerToken):
         wanted = sorted(set(chosen) - set(found))
         differentiable = records_any(arguments.values())
         span = wanted[-1] + 1 if wanted else 0
+        # The blocks stay float32 (each carries the next one's start); a kept state is rounded once, when kept.
+        dtype = states_dtype(mixer)
         with torch.enable_grad() if differentiable else torch.no_grad():
             # Blocks of tokens up to the last wanted position, each from the state the previous one ended with.
             buffer = None
@@ -187,12 +190,12 @@ class FromArguments(PerToken):
                         buffer = self._buffer((shape[0], min(SELECTION_BLOCK, span), *shape[1:]), call.expected[2], differentiable)
                     block = buffer[:, : stop - at]
                     spec.compute(piece(spec, arguments, at, stop, initial), block)
-                    found.update((p, block[:, p - at].clone()) for p in wanted if at <= p < stop)
+                    found.update((p, block[:, p - at].to(dtype, copy=True)) for p in wanted if at <= p < stop)
                     initial = block[:, -1].clone()
         call.advance(max(chosen, default=0), what)
         if not chosen:
-            return torch.empty((shape[0], 0, *shape[1:]), device=call.expected[2])
-        return torch.stack([found[p] for p in chosen], 1)
+            return torch.empty((shape[0], 0, *shape[1:]), device=call.expected[2], dtype=dtype)
+        return torch.stack([found[p].to(dtype) for p in chosen], 1)
 
     # -- writes -------------------------------------------------------------------------
 
