@@ -186,7 +186,8 @@ def demo_command(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"nnterp demo: {problem}", file=sys.stderr)
         return 2
-    if args.model == DEFAULT_MODEL and not os.path.exists(args.model):
+    # No --model: the toys, whatever the working folder holds; --model toys names a folder of that name if one exists.
+    if args.model is None or (args.model == DEFAULT_MODEL and not os.path.exists(args.model)):
         from nnterp.testing import toy_demo
 
         print("nnterp demo: the trained toys (nnterp.testing.toy_checkpoint), associative recall")
@@ -337,7 +338,7 @@ def parser() -> argparse.ArgumentParser:
         "token, a patch and its effect on the next token. Then write PNG plots.",
     )
     which = demo.add_mutually_exclusive_group()
-    which.add_argument("--model", default=DEFAULT_MODEL,
+    which.add_argument("--model", default=None,
                        help=f"hub id, local folder, or a tiny checkpoint's name ({TINY_HYBRID}: the embedded tiny random-weight "
                        f"hybrid; default: {DEFAULT_MODEL}, the trained toys)")
     which.add_argument("--family", metavar="MODEL_TYPE",

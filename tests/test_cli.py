@@ -87,6 +87,7 @@ def test_support_reads_the_config_alone(tmp_path):
 def test_demo_runs_on_the_trained_toys_by_default(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "plots"
+    (tmp_path / "toys").mkdir()  # a folder named like the default, where the demo runs, does not shadow it
     done = nnterp_cli("demo", "--out", str(out), "--samples", "40", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     text = done.stdout
