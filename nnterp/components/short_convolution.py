@@ -83,7 +83,7 @@ from ..fast.short_convolution import EFFECTIVE as SHORT_CONV_ATTENTION
 from ..recurrent.arguments import CHANNELS_FIRST, PARAMETER, SAME
 from ..recurrent.call import Call
 from ..recurrent.gradients import recording
-from ..recurrent.kernels import needs_torch_kernels
+from ..recurrent.kernels import unreadable_call
 from ..recurrent.labels import Label, call_label
 from ..recurrent.no_cache import no_cache_reason
 from ..recurrent.per_token.windows import WINDOWS, extended
@@ -246,7 +246,7 @@ class ShortConvolution(RecurrentMixer):
     conv_input = DerivedEProperty(
         _conv_input,
         description="u = B * x, the convolution's input (what the window keeps), [batch, seq, conv_channels]; read-only",
-        unavailable=needs_torch_kernels,
+        unavailable=unreadable_call,
         annotation=ConvChannels,
     )
 
@@ -345,7 +345,7 @@ class ShortConvolution(RecurrentMixer):
     states = DerivedEProperty(
         WINDOWS.states,
         description="the convolution window after every token of this call, [batch, seq, conv_channels, conv_width]",
-        unavailable=needs_torch_kernels,
+        unavailable=unreadable_call,
         annotation=ConvStates,
     )
 

@@ -20,6 +20,7 @@ from tests.reference.short_convolution import gated_short_convolution
 from tests.suites.caches import ConvCache
 from tests.suites.checkpoint import PROMPT
 from tests.suites.contract import StateContract
+from tests.suites.standins import Compiled, compiled_kernels
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 
@@ -53,6 +54,33 @@ class ShortConvolutionSuite(StateContract):
         return [index for index, layer in enumerate(model.layers) if layer.linear_attn is not None]
 
     # -- what is served, and where ---------------------------------------------------
+
+    def test_a_compiled_convolution_serves_the_windows_from_its_call(self, model, ids, mixers):
+        """With causal-conv1d bound (a stand-in running the pure-torch body), the windows, the convolution's input, a
+        write and a skip knockout are all cut from the kernel call's own input: equal to the pure-torch run's."""
+        layer = mixers[0]
+        names = (model.family.MIXER.CHUNK_FUNCTION, model.family.MIXER.RECURRENT_FUNCTION)
+
+        def run():
+            mix, got = model.layers[layer].linear_attn, {}
+            with torch.no_grad(), model.trace(ids):
+                got["conv_input"] = mix.conv_input.save()
+                got["states"] = mix.states.save()
+            with torch.no_grad(), model.trace(ids):
+                mix.set_state_after(1, 2 * mix.state_after(1))
+                got["written"] = model.logits.save()
+            with torch.no_grad(), model.trace(ids):
+                mix.knockout([1, 2], mode="skip")
+                got["skipped"] = model.logits.save()
+            return got
+
+        before, support = run(), model.support()
+        with compiled_kernels(model.family.MODELING, names, Compiled) as bound:
+            assert model.support() == support, "a compiled convolution refuses nothing more"
+            found = run()
+            assert bound[names[0]].calls > 0, "the compiled convolution ran the prompts"
+        for name, value in before.items():
+            assert torch.equal(found[name], value), name
 
     def test_the_mixers_are_the_conv_blocks_of_layer_types(self, model, mixers):
         config = model._module.config

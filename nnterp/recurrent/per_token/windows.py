@@ -27,7 +27,7 @@ from ...core.errors import Unavailable
 from ...core.values import check_expected
 from ..call import Call
 from ..gradients import fill, recording, tap
-from ..kernels import needs_torch_kernels
+from ..kernels import unreadable_call
 from .protocol import Mixer, PerToken
 
 
@@ -46,7 +46,8 @@ class ConvolutionWindows(PerToken):
     name = "the convolution's windows"
 
     def unavailable(self, mixer: Mixer) -> str | None:
-        return needs_torch_kernels(mixer)
+        # Every window is cut from the convolution call's own input (its argument), whatever kernel runs it.
+        return unreadable_call(mixer)
 
     def require(self, mixer: Mixer, what: str) -> Call:
         reason = self.unavailable(mixer)
