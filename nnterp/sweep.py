@@ -38,6 +38,7 @@ import torch
 
 from .core.errors import InvalidArgument, OutOfVocabulary, PositionError, WrongType
 from .core.indices import layer_indices
+from .recurrent.no_cache import refused
 from .recurrent.routing import route_kernels
 
 __all__ = ["SweepResult", "patch_sweep", "per_token_states"]
@@ -149,17 +150,17 @@ def sweep_positions(positions: Sequence[int] | None, n_clean: int, n_donor: int)
     return out
 
 
-def _donor_states(model: Any, prompt: str, layers: list) -> dict:
+def _donor_states(model: Any, prompt: str, layers: list, run: dict) -> dict:
     """Every token's state of each layer on the donor prompt: ``{layer: [batch, seq, ...]}``."""
     saved: list = []  # bound outside the trace: it must outlive it
-    with torch.no_grad(), model.trace(prompt):
+    with torch.no_grad(), model.trace(prompt, **run):
         for index in layers:  # forward order: a layer's reads before later layers'
             saved.append(model.layers[index].linear_attn.states.save())
     return dict(zip(layers, saved))
 
 
-def _patched_prob(model: Any, prompt: str, layer: int, position: int, donor: torch.Tensor, target: int) -> float:
-    with torch.no_grad(), model.trace(prompt):
+def _patched_prob(model: Any, prompt: str, layer: int, position: int, donor: torch.Tensor, target: int, run: dict) -> float:
+    with torch.no_grad(), model.trace(prompt, **run):
         model.layers[layer].linear_attn.set_state_after(position, donor)
         prob = model.next_token_probs[0, target].save()
     return float(prob)
@@ -211,15 +212,18 @@ def patch_sweep(
     tokens = model.tokenizer.convert_ids_to_tokens(clean_ids)
     probs = torch.full((len(layers), len(positions)), float("nan"))
     complete = False
+    # A model transformers cannot run with a cache (no attention layer: `nnterp.recurrent.no_cache`) runs without one:
+    # the states and their writes are served so, and nothing here needs what only a cache keeps.
+    run = {"use_cache": False} if refused(model) else {}
     with per_token_states(model):
-        with torch.no_grad(), model.trace(clean_prompt):
+        with torch.no_grad(), model.trace(clean_prompt, **run):
             clean = model.next_token_probs[0, target].save()
-        donors = _donor_states(model, donor_prompt, layers)
+        donors = _donor_states(model, donor_prompt, layers, run)
         bar = tqdm(total=probs.numel(), desc="patch sweep", unit="cell", disable=not progress, leave=False)
         try:
             for row, layer in enumerate(layers):
                 for column, position in enumerate(positions):
-                    prob = _patched_prob(model, clean_prompt, layer, position, donors[layer][:, position], target)
+                    prob = _patched_prob(model, clean_prompt, layer, position, donors[layer][:, position], target, run)
                     probs[row, column] = prob  # stored before the hook, so an interrupt there keeps it
                     bar.update(1)
                     if on_cell is not None:

@@ -21,7 +21,7 @@ from nnterp.core.errors import InvalidArgument, Unavailable
 from nnterp.families import REGISTRY, families
 from nnterp.families.base import TINY
 from nnterp.families.qwen3_5_text import Qwen3_5Text
-from nnterp.sweep import per_token_states
+from nnterp.sweep import patch_sweep, per_token_states
 from nnterp.testing import tiny_checkpoint, tiny_tokenizer, toy_checkpoint, toy_task
 from tests.reference.recurrences import gated_delta_rule
 
@@ -189,6 +189,19 @@ def test_use_cache_false_serves_the_states_of_the_recurrence(trapped, monkeypatc
         assert call["initial_state"] is None and not call["output_final_state"]
         _, expected = gated_delta_rule(call["q"], call["k"], call["v"], call["g"], call["beta"], None, call["use_qk_l2norm_in_kernel"])
         torch.testing.assert_close(states.float(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_patch_sweep_runs_without_a_cache(trapped):
+    """The sweep traces with use_cache=False here: its clean probability is the plain forward's, and patching the
+    clean prompt's own states back in changes no cell."""
+    model, plain, ids, prompt = trapped
+    with torch.no_grad():
+        probs = torch.softmax(plain(ids, use_cache=False).logits[0, -1].float(), -1)
+    target = int(probs.argmax())
+    result = patch_sweep(model, prompt, prompt, target, positions=[0, 2, -2], progress=False)
+    assert result.complete
+    torch.testing.assert_close(result.clean, float(probs[target]), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(result.probs, torch.full_like(result.probs, result.clean), rtol=1e-5, atol=1e-6)
 
 
 def test_a_hybrid_still_says_run_it_with_a_cache():
