@@ -154,9 +154,9 @@ def test_on_the_fast_path_memory_and_work_follow_the_selection(kind, load, monke
     allocate = FromArguments._buffer
     spec = mixer.FAST
 
-    def probe(self, shape, device, differentiable):
+    def probe(self, shape, device, differentiable, *dtype):
         buffers.append(tuple(shape))
-        return allocate(self, shape, device, differentiable)
+        return allocate(self, shape, device, differentiable, *dtype)
 
     def compute(arguments, out):
         tokens.append(arguments[spec.tokens[0]].shape[1])

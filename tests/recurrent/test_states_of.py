@@ -165,9 +165,9 @@ def test_on_the_fast_path_memory_and_work_follow_the_selection(fast_model, monke
     buffers, tokens = [], []
     allocate = FromArguments._buffer
 
-    def probe(self, shape, device, differentiable):
+    def probe(self, shape, device, differentiable, *dtype):
         buffers.append(tuple(shape))
-        return allocate(self, shape, device, differentiable)
+        return allocate(self, shape, device, differentiable, *dtype)
 
     spec = type(mix).FAST
     if spec is None:
