@@ -41,8 +41,8 @@ import torch
 
 from .core.errors import InvalidArgument, ShapeError, Unavailable, WrongType
 from .core.indices import layer_index
-from .recurrent.no_cache import refused
-from .sweep import per_token_states, recurrent_layers, sweep_positions, target_id
+from .recurrent.no_cache import run_kwargs
+from .sweep import per_token_states, prompt_states, recurrent_layers, sweep_positions, target_id
 
 __all__ = ["AttributionResult", "state_attribution", "rank_correlation"]
 
@@ -90,14 +90,6 @@ def _metric_function(model: Any, metric: Any) -> Callable[[Any], torch.Tensor]:
     return lambda m: m.next_token_probs[0, target]
 
 
-def _states(model: Any, prompt: Any, layers: list, run: dict) -> dict:
-    saved: list = []
-    with torch.no_grad(), model.trace(prompt, **run):
-        for index in layers:
-            saved.append(model.layers[index].linear_attn.states.save())
-    return dict(zip(layers, saved))
-
-
 def state_attribution(
     model: Any,
     clean: Any,
@@ -137,9 +129,7 @@ def state_attribution(
             raise ShapeError(f"state_attribution takes {name} ids of shape [1, seq], got {tuple(prompt.shape)}: call it once per prompt")
     function = _metric_function(model, metric)
     layers = recurrent_layers(model, layers)
-    # A model transformers cannot run with a cache (no attention layer: `nnterp.recurrent.no_cache`) runs without
-    # one: the states and their gradients are served so, and nothing here needs what only a cache keeps.
-    run = {"use_cache": False} if refused(model) else {}
+    run = run_kwargs(model)  # without a cache where transformers refuses one: the states and gradients are served so
     with per_token_states(model):
         for index in layers:
             # What support() says in linear_attn.states.grad once the family is routed (the fast path's states, for one).
@@ -150,7 +140,7 @@ def state_attribution(
             where = "state_attribution(corrupt={layer: states})"
             corrupt_states = {layer_index(layer, len(model.layers), where): states for layer, states in corrupt.items()}
         else:
-            corrupt_states = _states(model, corrupt, layers, run)
+            corrupt_states = prompt_states(model, corrupt, layers, run)
         missing = [layer for layer in layers if layer not in corrupt_states]
         if missing:
             raise InvalidArgument(f"the corrupt states given have no layers {missing}")

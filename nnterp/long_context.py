@@ -96,8 +96,9 @@ def long_context_profile(
             raise InvalidArgument(f"`{WHAT}`: {name} is a positive int (a number of tokens), got {value!r}")
     chosen = _layers(model, layers)
     family = model.family
-    if needs_a_cache(model) is not None:
-        raise Unavailable(f"`{WHAT}`", f"every chunk continues the cache the one before left, and {needs_a_cache(model)}")
+    cacheless = needs_a_cache(model)
+    if cacheless is not None:
+        raise Unavailable(f"`{WHAT}`", f"every chunk continues the cache the one before left, and {cacheless}")
     carries = family.CHUNKS_DIFFER is None or family.CHUNK_STATE_INPUT
     if n > chunk_size and not carries:
         raise Unavailable(

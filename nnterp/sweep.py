@@ -38,7 +38,7 @@ import torch
 
 from .core.errors import InvalidArgument, OutOfVocabulary, PositionError, WrongType
 from .core.indices import layer_indices
-from .recurrent.no_cache import refused
+from .recurrent.no_cache import run_kwargs
 from .recurrent.routing import route_kernels
 
 __all__ = ["SweepResult", "patch_sweep", "per_token_states"]
@@ -150,8 +150,8 @@ def sweep_positions(positions: Sequence[int] | None, n_clean: int, n_donor: int)
     return out
 
 
-def _donor_states(model: Any, prompt: str, layers: list, run: dict) -> dict:
-    """Every token's state of each layer on the donor prompt: ``{layer: [batch, seq, ...]}``."""
+def prompt_states(model: Any, prompt: Any, layers: list, run: dict) -> dict:
+    """Every token's state of each layer on ``prompt`` (a donor, a corrupt run): ``{layer: [batch, seq, ...]}``."""
     saved: list = []  # bound outside the trace: it must outlive it
     with torch.no_grad(), model.trace(prompt, **run):
         for index in layers:  # forward order: a layer's reads before later layers'
@@ -212,13 +212,11 @@ def patch_sweep(
     tokens = model.tokenizer.convert_ids_to_tokens(clean_ids)
     probs = torch.full((len(layers), len(positions)), float("nan"))
     complete = False
-    # A model transformers cannot run with a cache (no attention layer: `nnterp.recurrent.no_cache`) runs without one:
-    # the states and their writes are served so, and nothing here needs what only a cache keeps.
-    run = {"use_cache": False} if refused(model) else {}
+    run = run_kwargs(model)  # without a cache where transformers refuses one: nothing here needs what only it keeps
     with per_token_states(model):
         with torch.no_grad(), model.trace(clean_prompt, **run):
             clean = model.next_token_probs[0, target].save()
-        donors = _donor_states(model, donor_prompt, layers, run)
+        donors = prompt_states(model, donor_prompt, layers, run)
         bar = tqdm(total=probs.numel(), desc="patch sweep", unit="cell", disable=not progress, leave=False)
         try:
             for row, layer in enumerate(layers):

@@ -98,6 +98,12 @@ def refused(envoy: Any) -> bool:
     return family is not None and config is not None and bool(family.cache_refused(config))
 
 
+def run_kwargs(model: Any) -> dict:
+    """The keywords a run of ``model`` that needs nothing only a cache keeps traces with: ``{"use_cache": False}``
+    where transformers cannot run it with a cache (`refused`), else none (a default trace is refused there)."""
+    return {"use_cache": False} if refused(model) else {}
+
+
 def reason() -> str:
     """`REASON`, with the installed release."""
     return REASON.format(release=transformers.__version__)

@@ -111,12 +111,14 @@ class Factorized:
     def states(self, positions: list[int]) -> torch.Tensor:
         """The states after each of ``positions`` (from 0, in the order given): each segment replayed once, from the
         checkpoint before it (the first from ``start``), over its tokens up to the last position asked in it."""
+        last: dict = {}  # each segment's last position asked
+        for t in positions:
+            last[t // self.every] = max(t, last.get(t // self.every, t))
         found: dict = {}
-        for segment in sorted({t // self.every for t in positions}):
+        for segment, t in sorted(last.items()):
             lo = segment * self.every
             start = self.checkpoints[segment - 1 : segment][0] if segment else self.start
-            hi = max(t for t in positions if t // self.every == segment) + 1
-            for offset, state in enumerate(self.replay(lo, hi, start)):
+            for offset, state in enumerate(self.replay(lo, t + 1, start)):
                 found[lo + offset] = state
         return torch.stack([found[t] for t in positions])
 
