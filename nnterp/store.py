@@ -127,8 +127,6 @@ class StateStore:
             )
         if model is not None and model_name(model) != self.manifest.get("model"):
             raise InvalidArgument(f"the store at {self.path} was collected from {self.manifest.get('model')!r}, not {model_name(model)!r}: pass that model")
-        if model is not None and not getattr(model, "dispatched", True):
-            model.dispatch()  # a mixer traced alone runs on the loaded weights
         self.model = model
         self.manifest["prompts"] = listed(self.path)[0]
         # Each factorized value's fast spec, found once by the name the manifest keeps.
@@ -190,6 +188,8 @@ class StateStore:
                     f"the store at {self.path} keeps {name!r} as its mixer's inputs, replayed through the model's weights: "
                     "open it with StateStore(path, model=model)"
                 )
+            if not getattr(self.model, "dispatched", True):
+                self.model.dispatch()  # a mixer traced alone runs on the loaded weights
             mixer = self.model
             for part in name.split(".")[:-1]:
                 mixer = mixer[int(part)] if part.isdigit() else getattr(mixer, part)

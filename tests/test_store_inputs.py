@@ -55,9 +55,10 @@ def test_a_store_of_the_mixers_inputs_is_at_most_one_key_dim_of_the_states_plus_
     assert kept <= states / key_dim
     # The kernel's arguments (k, v, β in bfloat16, g in float32) are over the bound on these sizes: 152 bytes a token.
     assert _stored(arguments, name) - _stored(arguments, f"{name}/checkpoints") > states / key_dim
-    replayed = inputs.states(0, layer, range(seq))
-    torch.testing.assert_close(replayed, arguments.states(0, layer, range(seq)), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(replayed, whole.value(0, name), rtol=1e-5, atol=1e-6)
+    # The same states, within bfloat16 rounding: the projections of a shorter run may round differently from the
+    # collecting trace's (tests/test_store.py compares every kind with the HF cache in float32, within 1e-5).
+    replayed, live = inputs.states(0, layer, range(seq)), whole.value(0, name)
+    torch.testing.assert_close(replayed / live.abs().max(), live / live.abs().max(), rtol=0, atol=1e-2)
 
 
 def test_reading_one_state_runs_the_mixers_projections_and_the_replay_over_one_segment(load, tmp_path):
@@ -108,6 +109,10 @@ def test_a_store_of_inputs_opens_with_its_model_and_old_stores_keep_their_format
     with pytest.raises(InvalidArgument, match=r"StateStore\(path, model=model\)"):
         StateStore(new.path).state(0, layer, 0)
     assert StateStore(new.path).ids(0).numel() > 0  # everything else reads without the model
+    lazy = StandardizedTransformer(str(tiny_checkpoint("qwen3_5_text")))  # its weights load when a read needs them
+    reopened = StateStore(new.path, model=lazy)
+    assert not lazy.dispatched
+    torch.testing.assert_close(reopened.states(0, layer, [0, 5, -1]), new.states(0, layer, [0, 5, -1]))
     with pytest.raises(InvalidArgument, match="collected from"):
         StateStore(new.path, model=load("lfm2"))
     again = nnterp.collect(model, prompts, tmp_path / "new", [name], factorized="inputs", checkpoint_every=4, progress=False)

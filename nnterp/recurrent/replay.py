@@ -30,6 +30,11 @@ The checkpoints are computed by the same replay from the stored arguments, so
 a replayed state is the spec's state of the stored arguments: within float32
 rounding of the live one.
 
+A store may keep the mixer's inputs instead of the token arguments
+(``collect(..., factorized="inputs")``): `FromInputs` recomputes a stretch's
+arguments by running the mixer on them, which needs the model (section
+"recomputed from the mixer's inputs" below).
+
 A left-padded row: its prompt's tokens are stored, and ``start`` is the state
 after the padding (the spec run over the padding's arguments from the call's
 entering state), so a family whose model runs the padding through the
@@ -239,7 +244,7 @@ class FromInputs:
             return self.last[1]
         first = max(0, lo - self.lookback)
         weight = next(self.mixer.hf_module().parameters())
-        x = self.inputs[first:hi][None].to(weight.device)
+        x = self.inputs[first:hi][None].to(weight.device, weight.dtype)  # a model opened in another dtype runs in its own
         names = self.names
         with torch.no_grad(), self.mixer.trace(x) as tracer:
             served = nnsight.save({name: kept(value) for name, value in arguments_of(self.mixer).items() if name in names})
