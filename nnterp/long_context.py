@@ -220,7 +220,11 @@ class ProfileRun:
             layer: {name: declared[layer][name].annotation.dim_str.split() for name in ("states", "decays") if name in declared[layer]}
             for layer in layers
         }
-        self.conv = {layer: "conv_state_input" in declared[layer] for layer in self.recurrent}
+        # Whether a reset zeroes a convolution window too: where the kind has one (not lightning attention).
+        self.conv = {
+            layer: "conv_state_input" in declared[layer] and declared[layer]["conv_state_input"].reason(model.layers[layer].linear_attn) is None
+            for layer in self.recurrent
+        }
         self.writes_state = bool(model.family.CHUNK_STATE_INPUT)
         parameters = inspect.signature(model._module.forward).parameters
         self.positioned = "position_ids" in parameters
