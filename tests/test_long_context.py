@@ -43,7 +43,9 @@ def _per_component(carrying: bool) -> list[str]:
     return sorted(found.values())
 
 
-CARRYING = _per_component(True)  # every kind but Mamba-1, lightning attention and the RG-LRU, with a hybrid among them
+CARRYING = _per_component(True)  # every kind but lightning attention and the RG-LRU, with a hybrid among them
+#: The other Mamba-1 families (CARRYING has Jamba): transformers restarts their state on every chunk, nnterp writes it.
+WRITTEN = ["mamba", "falcon_mamba"]
 ONE_CHUNK = [name for name in _per_component(False) if REGISTRY[name].MIXER.__name__ not in {REGISTRY[c].MIXER.__name__ for c in CARRYING}]
 #: How each kind's state sits in the plain model's cache, and whether a reset also zeroes a convolution window there.
 ADAPTERS = {
@@ -64,7 +66,7 @@ def test_the_kinds_cover_every_recurrent_component_and_a_hybrid():
     assert "qwen3_5_text" in CARRYING  # a gated DeltaNet hybrid: attention layers between the recurrent ones
 
 
-@pytest.mark.parametrize("model_type", CARRYING)
+@pytest.mark.parametrize("model_type", CARRYING + WRITTEN)
 def test_chunked_profile_equals_the_unchunked_one(model_type, load):
     model = load(model_type)
     ids = _ids(model)
@@ -246,13 +248,14 @@ def _tensors(value):
             yield from _tensors(item)
 
 
-def test_a_long_sequence_runs_in_small_chunks_holding_a_chunk_and_the_profiles_rows(load, monkeypatch):
+@pytest.mark.parametrize("model_type", ["rwkv", "mamba"])  # the cache carries the state; nnterp writes it
+def test_a_long_sequence_runs_in_small_chunks_holding_a_chunk_and_the_profiles_rows(model_type, load, monkeypatch):
     """16k tokens on a recurrent-only model in chunks of 512: after every chunk, each tensor the run holds (the
-    cache, the rows kept so far, the pending probes) has no axis longer than a chunk, and the rows kept add up to
-    the output's (``n / every`` per layer), never the sequence's."""
+    cache, the states carried to the next chunk, the rows kept so far, the pending probes) has no axis longer than
+    a chunk, and the rows kept add up to the output's (``n / every`` per layer), never the sequence's."""
     from nnterp.long_context import ProfileRun
 
-    model = load("rwkv")
+    model = load(model_type)
     n, every, chunk_size = 16384, 64, 512
     held: list[tuple[int, int]] = []
     original = ProfileRun.chunk
