@@ -2,16 +2,33 @@
 
 Mental model. The sequence runs in chunks of ``chunk_size`` tokens, one trace
 each, every chunk continuing from the state the one before left: the model's
-own cache (``past_key_values``; RWKV-4's ``state``), which holds each
-recurrent layer's state and convolution window and, on a hybrid, the
-attention layers' keys and values. Where transformers' forward does not
+own cache (``cache``, formerly ``past_key_values``; RWKV-4's ``state``), which
+holds each recurrent layer's state and convolution window and, on a hybrid,
+the attention layers' keys and values. Where transformers' forward does not
 continue a prompt exactly from that cache, nnterp writes each recurrent
 layer's ``state_input`` from the ``state_output`` the previous chunk read
-(`Family.CHUNK_STATE_INPUT`: the xLSTM); where neither is exact
-(`Family.CHUNKS_DIFFER`), a sequence longer than one chunk is refused. So
-memory holds one chunk's values, the model and its cache: constant on a
-recurrent-only model, and on a hybrid the attention cache grows with the
-length (as it does in ``generate``).
+(`Family.CHUNK_STATE_INPUT`); where neither is exact (`Family.CHUNKS_DIFFER`),
+a sequence longer than one chunk is refused. Per family:
+
+* the gated DeltaNet and Kimi hybrids, Mamba-2 and its hybrids, the short
+  convolution (LFM2), RWKV-4 and the xLSTM: the cache carries everything
+  (transformers continues a prompt from it exactly);
+* Mamba-1 (``mamba``, ``falcon_mamba``) and Jamba: the cache carries the
+  convolution window (and Jamba's attention keys and values), but
+  transformers' prompt kernel restarts the state from zeros, so nnterp
+  writes each layer's ``state_input`` under `nnterp.fast_states` (turned on
+  here), where the fast path runs the kernel from zeros and adds what the
+  written state contributes (exact: the scan is linear in its start state);
+* MiniMax and RecurrentGemma: one chunk only (`Family.CHUNKS_DIFFER` says
+  why): MiniMax's cache carries the lightning state exactly, but a continued
+  chunk's softmax layers get a causal mask placed as if the cache were empty;
+  RecurrentGemma's forward returns no cache (the RG-LRU state and the
+  convolution window live on its modules, its prefill convolves over zeros).
+
+So memory holds one chunk's values, the model and its cache (plus one state
+per recurrent layer where nnterp writes it): constant on a recurrent-only
+model, and on a hybrid the attention cache grows with the length (as it does
+in ``generate``).
 
 Per chunk, for each requested layer, the trace reduces inside itself: the
 norm of each head's state after each kept token (``states_of`` at those
@@ -322,7 +339,7 @@ class ProfileRun:
                             window = mixer.conv_state_input
                             if window is not None:
                                 mixer.conv_state_input = torch.zeros_like(window)
-                        # The xLSTM's prompt kernel takes no cached state (None): its carried state has the shape.
+                        # Mamba-1's prompt kernel takes no cached state (None): its carried state has the shape.
                         mixer.state_input = torch.zeros_like(carried[layer] if layer in carried else mixer.state_input)
                     elif self.writes_state and layer in carried:
                         mixer.state_input = carried[layer]

@@ -25,7 +25,10 @@ Values, all tokens first (``seq`` is this call's tokens, one on a decode step):
   the state is multiplied by ``decays.exp()``. Read-only.
 * ``state_input`` ``[batch, channels, state_size]``: the state entering a decode
   step, a copy; ``None`` on a prompt, since transformers' prompt kernel always
-  starts from zeros (so does a multi-token continuation of a cache).
+  starts from zeros (so does a multi-token continuation of a cache). Under
+  ``fast_states(model)`` a prompt's is assignable (before any other value of
+  the call): the fast path serves the call from it, the kernel run from zeros
+  plus what the state contributes (``SCAN.resume``), and reads it back.
 * ``state_output``: the state after the call's last token; writable.
 * ``state`` / ``states`` ``[batch, seq, channels, state_size]`` /
   ``state_after`` / ``states_of`` / ``set_state_after``: the state after every

@@ -78,7 +78,8 @@ class Family:
     #: it is ``None`` or ``CHUNK_STATE_INPUT`` carries the state instead.
     CHUNKS_DIFFER: ClassVar[str | None] = None
     #: Whether writing each recurrent layer's ``state_input`` (the previous chunk's ``state_output``) with the cache
-    #: makes a chunk continue exactly where the forward alone does not.
+    #: makes a chunk continue exactly where the forward alone does not (Mamba-1: under `nnterp.fast_states`, which
+    #: `nnterp.long_context_profile` turns on).
     CHUNK_STATE_INPUT: ClassVar[bool] = False
     #: The forward's keyword taking the cache a previous call returned (and the output's attribute holding it).
     CACHE_ARGUMENT: ClassVar[str] = "past_key_values"
