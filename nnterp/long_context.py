@@ -2,33 +2,30 @@
 
 Mental model. The sequence runs in chunks of ``chunk_size`` tokens, one trace
 each, every chunk continuing from the state the one before left: the model's
-own cache (``cache``, formerly ``past_key_values``; RWKV-4's ``state``), which
-holds each recurrent layer's state and convolution window and, on a hybrid,
-the attention layers' keys and values. Where transformers' forward does not
-continue a prompt exactly from that cache, nnterp writes each recurrent
-layer's ``state_input`` from the ``state_output`` the previous chunk read
-(`Family.CHUNK_STATE_INPUT`); where neither is exact (`Family.CHUNKS_DIFFER`),
-a sequence longer than one chunk is refused. Per family:
+own cache (``cache``; RWKV-4's ``state``), which holds each recurrent layer's
+state and convolution window and, on a hybrid, the attention layers' keys and
+values. Where transformers' forward does not continue a prompt exactly from
+it (`Family.CHUNKS_DIFFER`), nnterp mends what the family declares, or else
+refuses a sequence longer than one chunk. Per family:
 
-* the gated DeltaNet and Kimi hybrids, Mamba-2 and its hybrids, the short
-  convolution (LFM2), RWKV-4 and the xLSTM: the cache carries everything
-  (transformers continues a prompt from it exactly);
+* the DeltaNets, Mamba-2, LFM2, RWKV-4, the xLSTM: the cache carries it all;
 * Mamba-1 (``mamba``, ``falcon_mamba``) and Jamba: the cache carries the
-  convolution window (and Jamba's attention keys and values), but
-  transformers' prompt kernel restarts the state from zeros, so nnterp
-  writes each layer's ``state_input`` under `nnterp.fast_states` (turned on
-  here), where the fast path runs the kernel from zeros and adds what the
+  convolution window (and Jamba's keys and values), but the prompt kernel
+  restarts the state from zeros; nnterp writes each layer's ``state_input``
+  from the ``state_output`` the chunk before read (`Family.CHUNK_STATE_INPUT`),
+  under `nnterp.fast_states` (turned on here), whose split kernel adds what the
   written state contributes (exact: the scan is linear in its start state);
-* MiniMax and RecurrentGemma: one chunk only (`Family.CHUNKS_DIFFER` says
-  why): MiniMax's cache carries the lightning state exactly, but a continued
-  chunk's softmax layers get a causal mask placed as if the cache were empty;
-  RecurrentGemma's forward returns no cache (the RG-LRU state and the
-  convolution window live on its modules, its prefill convolves over zeros).
+* MiniMax: the cache carries the lightning states and the keys, but the
+  forward places a continued chunk's causal mask as if the cache were empty
+  (it reads the length from block 0, a lightning block): nnterp hands each
+  softmax layer the mask transformers' mask function builds at that layer's
+  index (`Family.CHUNK_MASK`);
+* RecurrentGemma: one chunk only: its forward returns no cache (the RG-LRU
+  state and the window live on its modules), its prefill convolves over zeros.
 
-So memory holds one chunk's values, the model and its cache (plus one state
-per recurrent layer where nnterp writes it): constant on a recurrent-only
-model, and on a hybrid the attention cache grows with the length (as it does
-in ``generate``).
+So memory holds one chunk's values, the model and its cache (and a state per
+recurrent layer where nnterp writes it): constant on a recurrent-only model,
+while a hybrid's attention cache grows with the length (as in ``generate``).
 
 Per chunk, for each requested layer, the trace reduces inside itself: the
 norm of each head's state after each kept token (``states_of`` at those
@@ -76,6 +73,7 @@ import nnsight
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 from .core.dims import BATCH, CHANNELS, CONV_CHANNELS, LRU_WIDTH, MIXER_HEADS, SEQ
 from .core.errors import EmptyPrompt, InvalidArgument, Unavailable, WrongType
@@ -116,7 +114,7 @@ def long_context_profile(
     cacheless = needs_a_cache(model)
     if cacheless is not None:
         raise Unavailable(f"`{WHAT}`", f"every chunk continues the cache the one before left, and {cacheless}")
-    carries = family.CHUNKS_DIFFER is None or family.CHUNK_STATE_INPUT
+    carries = family.continues_chunks()
     if n > chunk_size and not carries:
         raise Unavailable(
             f"`{WHAT}` in chunks of {chunk_size} on {family.NAME}",
@@ -245,7 +243,8 @@ class ProfileRun:
         self.writes_state = bool(model.family.CHUNK_STATE_INPUT)
         parameters = inspect.signature(model._module.forward).parameters
         self.positioned = "position_ids" in parameters
-        self.attends = len(self.recurrent) < len(model.layers) or any(getattr(layer, "self_attn", None) is not None for layer in model.layers)
+        self.softmax = [i for i, layer in enumerate(model.layers) if getattr(layer, "self_attn", None) is not None]
+        self.attends = len(self.recurrent) < len(model.layers) or bool(self.softmax)
         self.cache_positions = "cache_position" in parameters
         # transformers 5.24 renamed the cache's keyword (and the output's field) to ``cache``; the old names warn.
         self.argument = "cache" if "cache" in parameters else model.family.CACHE_ARGUMENT
@@ -284,13 +283,36 @@ class ProfileRun:
             kwargs["cache_position"] = torch.arange(start, end)
         return kwargs
 
+    def masks(self, start: int, end: int, cache: Any) -> dict:
+        """``{layer: mask}``: each softmax layer's causal mask over the cached tokens and the chunk's, where the
+        family's forward places it as if the cache were empty (`Family.CHUNK_MASK`), built by transformers' own
+        mask function at that layer's index; else ``{}``."""
+        if cache is None or not self.model.family.CHUNK_MASK:
+            return {}
+        config = self.model._module.config
+        create = create_causal_mask if getattr(config, "sliding_window", None) is None else create_sliding_window_causal_mask
+        embeds = torch.empty(1, end - start, config.hidden_size, dtype=self.model._module.dtype)  # its shape and dtype
+        common = dict(config=config, inputs_embeds=embeds, attention_mask=torch.ones(1, end, dtype=torch.long), cache=cache)
+        return {layer: create(**common, position_ids=torch.arange(start, end)[None], layer_idx=layer) for layer in self.softmax}
+
+    def in_order(self, masks: dict) -> Any:
+        """The recurrent layers in the order the model runs, writing each softmax layer's mask in ``masks`` on the way."""
+        for layer in sorted({*self.recurrent, *masks}):
+            if layer not in masks:
+                yield layer
+                continue
+            attention = self.model.layers[layer].self_attn
+            args, kwargs = attention.inputs
+            attention.inputs = (args, {**kwargs, "attention_mask": masks[layer]})
+
     def chunk(self, start: int, end: int) -> None:
         model, layers = self.model, self.layers
         kept = [t - start for t in range(start, end) if t % self.every == 0]
         wanted = [T - start for T in self.targets if start <= T < end]
+        masks = self.masks(start, end, self.cache)
         with model.trace(self.ids[None, start:end], **self.kwargs(start, end, self.cache)):
             saved = nnsight.save({})
-            for layer in self.recurrent:
+            for layer in self.in_order(masks):
                 mixer = model.layers[layer].linear_attn
                 if self.writes_state and layer in self.carried:
                     mixer.state_input = self.carried[layer]
@@ -330,9 +352,10 @@ class ProfileRun:
         first = True
         for start in range(t, T + 1, self.chunk_size):
             end = min(start + self.chunk_size, T + 1)
+            masks = self.masks(start, end, cache)
             with model.trace(self.ids[None, start:end], **self.kwargs(start, end, cache)):
                 saved = nnsight.save({})
-                for layer in self.recurrent:
+                for layer in self.in_order(masks):
                     mixer = model.layers[layer].linear_attn
                     if first and layer in zeroed:
                         if self.conv[layer]:

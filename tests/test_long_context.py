@@ -30,20 +30,16 @@ N = 24
 RECURRENT = [f.NAME for f in families() if f.MIXER is not None and absent(f.NAME) is None]
 
 
-def _carries(family) -> bool:
-    return family.CHUNKS_DIFFER is None or family.CHUNK_STATE_INPUT
-
-
 def _per_component(carrying: bool) -> list[str]:
     """The first family of each recurrent component (registry order) that does (or does not) carry state in chunks."""
     found: dict = {}
     for family in families():
-        if family.NAME in RECURRENT and _carries(family) == carrying:
+        if family.NAME in RECURRENT and family.continues_chunks() == carrying:
             found.setdefault(family.MIXER.__name__, family.NAME)
     return sorted(found.values())
 
 
-CARRYING = _per_component(True)  # every kind but lightning attention and the RG-LRU, with a hybrid among them
+CARRYING = _per_component(True)  # every kind but the RG-LRU, with hybrids among them
 #: The other Mamba-1 families (CARRYING has Jamba): transformers restarts their state on every chunk, nnterp writes it.
 WRITTEN = ["mamba", "falcon_mamba"]
 ONE_CHUNK = [name for name in _per_component(False) if REGISTRY[name].MIXER.__name__ not in {REGISTRY[c].MIXER.__name__ for c in CARRYING}]
@@ -104,7 +100,7 @@ def test_norms_equal_the_hf_caches_state_after_each_prefix(model_type, load, pla
     model, plain = load(model_type), plains(model_type)
     adapter, _ = ADAPTERS[kind]
     ids = _ids(model, 14)
-    chunk = 5 if _carries(model.family) else 14
+    chunk = 5 if model.family.continues_chunks() else 14
     profile = nnterp.long_context_profile(model, ids, chunk_size=chunk, every=2, memory_at=[], progress=False)
     assert profile.positions.tolist() == list(range(0, 14, 2))
     for layer, norms in profile.state_norm.items():

@@ -45,8 +45,9 @@ class RecurrentGemma(Llama):
     COMPONENTS = {MODELING.RecurrentGemmaAttention: Attention, MODELING.RecurrentGemmaRecurrentBlock: RGLRU}
     MIXER = RGLRU
     CHUNKS_DIFFER = (
-        "transformers' RecurrentGemma forward does not continue a prompt of several tokens from the RG-LRU state and "
-        "convolution window its modules keep (a chunked prefill differs from the whole prompt)"
+        "transformers' RecurrentGemma forward returns no cache, and a call passed none resets the RG-LRU state and "
+        "convolution window its modules keep (and keeps no earlier keys for its attention blocks); a prompt of several "
+        "tokens also convolves over zeros, not the window its block keeps, and nnterp cannot write that window there"
     )
     PADDING_DIFFERS = (
         "transformers' recurrent block ignores the attention mask: a left-padded row's RG-LRU restarts at its first "
