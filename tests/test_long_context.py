@@ -20,10 +20,12 @@ import torch.nn.functional as F
 
 import nnterp
 from nnterp import EmptyPrompt, InvalidArgument, PositionError, StandardizedTransformer, Unavailable, WrongType
+from nnterp.chunked_prefill import Carry
 from nnterp.components.mlstm import MLSTM
 from nnterp.families import REGISTRY, absent, families
 from nnterp.testing import toy_checkpoint
 from tests.reference import hf_oracles as hf
+from tests.reference import rg_lru as rg_lru_ref
 from tests.suites.caches import Cache, ConvCache, LinearCache, ModuleState, WKVState, XLSTMCache
 
 N = 24
@@ -39,15 +41,14 @@ def _per_component(carrying: bool) -> list[str]:
     return sorted(found.values())
 
 
-CARRYING = _per_component(True)  # every kind but the RG-LRU, with hybrids among them
+CARRYING = _per_component(True)  # every kind, with hybrids among them
 #: The other Mamba-1 families (CARRYING has Jamba): transformers restarts their state on every chunk, nnterp writes it.
 WRITTEN = ["mamba", "falcon_mamba"]
-ONE_CHUNK = [name for name in _per_component(False) if REGISTRY[name].MIXER.__name__ not in {REGISTRY[c].MIXER.__name__ for c in CARRYING}]
 #: How each kind's state sits in the plain model's cache, and whether a reset also zeroes a convolution window there.
 ADAPTERS = {
     "LinearAttention": (Cache(), True), "KimiDeltaAttention": (Cache(), True), "StateSpace": (Cache(), True),
     "SelectiveScan": (Cache(), True), "ShortConvolution": (ConvCache(), False), "WKV": (WKVState(), False),
-    "LightningAttention": (LinearCache(), False), "RGLRU": (ModuleState(), False), "MLSTM": (XLSTMCache(MLSTM.unpack), False),
+    "LightningAttention": (LinearCache(), False), "RGLRU": (ModuleState(), True), "MLSTM": (XLSTMCache(MLSTM.unpack), False),
 }
 
 
@@ -58,7 +59,7 @@ def _ids(model, n: int = N, seed: int = 0) -> torch.Tensor:
 
 def test_the_kinds_cover_every_recurrent_component_and_a_hybrid():
     components = {REGISTRY[name].MIXER.__name__ for name in RECURRENT}
-    assert {REGISTRY[name].MIXER.__name__ for name in CARRYING + ONE_CHUNK} == components
+    assert {REGISTRY[name].MIXER.__name__ for name in CARRYING} == components
     assert "qwen3_5_text" in CARRYING  # a gated DeltaNet hybrid: attention layers between the recurrent ones
 
 
@@ -69,7 +70,7 @@ def test_chunked_profile_equals_the_unchunked_one(model_type, load):
     kwargs = dict(memory_at=[9, N - 1], lags=[0, 1, 3, 8], progress=False)
     whole = nnterp.long_context_profile(model, ids, chunk_size=N, **kwargs)
     assert set(whole.state_norm) == set(whole.memory) and whole.memory_all.shape == (2, 4)
-    for chunk_size in (8, 6, 5, 7):  # dividing the length, and not
+    for chunk_size in (8, 6, 5, 7, 2):  # dividing the length, and not; shorter than a convolution window
         chunked = nnterp.long_context_profile(model, ids, chunk_size=chunk_size, **kwargs)
         for layer, norm in whole.state_norm.items():
             assert norm.shape[0] == N and norm.dim() == 2
@@ -94,7 +95,7 @@ def _head_norms(state, kind: str) -> torch.Tensor:
     return state[0].float().reshape(state.shape[1], -1).norm(dim=-1)
 
 
-@pytest.mark.parametrize("model_type", CARRYING + ONE_CHUNK)
+@pytest.mark.parametrize("model_type", CARRYING)
 def test_norms_equal_the_hf_caches_state_after_each_prefix(model_type, load, plains):
     kind = REGISTRY[model_type].MIXER.__name__
     model, plain = load(model_type), plains(model_type)
@@ -120,7 +121,10 @@ def _zero_by_hand(adapter, cache, layer: int, kind: str, conv: bool) -> None:
         c, n, m = state
         state = MLSTM.pack(c, n, m[..., None])  # the adapter writes nnterp's packed layout
     adapter.write(cache, layer, torch.zeros_like(state))
-    if conv:
+    if conv and kind == "RGLRU":  # the window on the block's module
+        block = rg_lru_ref.block(cache[0], layer)
+        block.conv1d_state = torch.zeros_like(block.conv1d_state)
+    elif conv:
         hf.set_conv_state(cache, layer, torch.zeros_like(hf.conv_state(cache, layer)))
 
 
@@ -193,9 +197,12 @@ def test_each_familys_chunks_differ_declaration_matches_transformers(model_type,
         assert gap > 1e-3, f"{model_type}: transformers now continues chunks exactly ({gap}): drop CHUNKS_DIFFER"
 
 
-@pytest.mark.parametrize("model_type", ONE_CHUNK)
-def test_a_family_that_cannot_carry_state_runs_in_one_chunk_and_says_why_otherwise(model_type, load):
-    model = load(model_type)
+def test_a_family_whose_chunks_nothing_mends_runs_in_one_chunk_and_says_why_otherwise(load, monkeypatch):
+    """Every registered family's chunks continue now; one whose forward differs with nothing declared to mend it
+    (RecurrentGemma without its declarations) is refused."""
+    model = load("recurrent_gemma")
+    for name in ("CHUNK_STATE_INPUT", "CHUNK_WINDOW_INPUT"):
+        monkeypatch.setattr(model.family, name, False)
     ids = _ids(model, 12)
     profile = nnterp.long_context_profile(model, ids, chunk_size=12, progress=False)
     assert profile.memory_at == [] and all(norm.shape[0] == 12 for norm in profile.state_norm.values())
@@ -236,6 +243,8 @@ def test_bad_inputs_raise_the_taxonomys_errors_naming_the_fix(load):
 def _tensors(value):
     if isinstance(value, torch.Tensor):
         yield value
+    elif isinstance(value, Carry):  # what a chunk hands the next (its cache is the model's own object)
+        yield from _tensors(vars(value))
     elif isinstance(value, dict):
         for item in value.values():
             yield from _tensors(item)

@@ -85,6 +85,9 @@ class Family:
     #: makes a chunk continue exactly (MiniMax: its forward builds it from block 0's cache, a lightning block that
     #: keeps no keys, so a continued chunk's mask is placed as if the cache were empty).
     CHUNK_MASK: ClassVar[bool] = False
+    #: Whether writing each recurrent layer's ``conv_state_input`` (the previous chunk's ``conv_state_output``) is
+    #: needed as well (RecurrentGemma, whose prefill convolves over zeros whatever window its block keeps).
+    CHUNK_WINDOW_INPUT: ClassVar[bool] = False
     #: The forward's keyword taking the cache a previous call returned (and the output's attribute holding it).
     CACHE_ARGUMENT: ClassVar[str] = "past_key_values"
 
@@ -149,6 +152,12 @@ class Family:
     @classmethod
     def logits_softcap(cls, config: Any) -> float | None:
         """The cap ``c`` where the causal LM soft-caps its logits (``c * tanh(logits / c)``, after `logits_scale`), else ``None``."""
+        return None
+
+    @classmethod
+    def first_cache(cls, config: Any) -> Any:
+        """The cache a sequence's first call is passed, for the later ones to continue, where the forward returns
+        none (RecurrentGemma); ``None``: the forward makes one and returns it."""
         return None
 
     @classmethod
