@@ -5,9 +5,11 @@ each prefix (`tests.suites.caches`, the state contract's adapters) for the
 norms; the same model run to ``t``, its state and convolution window zeroed
 by hand in its cache, then fed one token at a time to ``T`` for the reset
 behind effective memory; and, for chunking, the profile of the whole sequence
-in one chunk (chunk sizes that divide the length and that do not). The
-families' declarations of whether a chunked prefill continues exactly
-(``CHUNKS_DIFFER``) are checked against transformers both ways.
+in one chunk (chunk sizes that divide the length and that do not, and one
+shorter than a convolution window), on every recurrent kind, the families
+whose chunks nnterp mends included. The families' declarations of whether
+transformers' chunked prefill continues exactly (``CHUNKS_DIFFER``) are
+checked against transformers both ways.
 """
 
 from __future__ import annotations
