@@ -5,7 +5,7 @@
 
 Each length runs in a fresh interpreter (a child of this one) on a tiny
 recurrent-only model (the xLSTM of ``nnterp.testing.tiny_checkpoint``, whose
-chunks carry their state through ``state_input``): load, a warm-up profile of
+cache carries its state from chunk to chunk): load, a warm-up profile of
 one chunk, then the profile of ``length`` random tokens in chunks of
 ``--chunk-size``, with ``every`` set so that the output keeps 256 rows a layer
 whatever the length (the output is the one thing meant to grow), and

@@ -1,17 +1,31 @@
 """``nnterp.long_context_profile``: state norms, decays and effective memory over a sequence of any length.
 
 Mental model. The sequence runs in chunks of ``chunk_size`` tokens, one trace
-each, every chunk continuing from the state the one before left: the model's
-own cache (``past_key_values``; RWKV-4's ``state``), which holds each
-recurrent layer's state and convolution window and, on a hybrid, the
-attention layers' keys and values. Where transformers' forward does not
-continue a prompt exactly from that cache, nnterp writes each recurrent
-layer's ``state_input`` from the ``state_output`` the previous chunk read
-(`Family.CHUNK_STATE_INPUT`: the xLSTM); where neither is exact
-(`Family.CHUNKS_DIFFER`), a sequence longer than one chunk is refused. So
-memory holds one chunk's values, the model and its cache: constant on a
-recurrent-only model, and on a hybrid the attention cache grows with the
-length (as it does in ``generate``).
+each, every chunk continuing from what the one before left (`nnterp.chunked_prefill`):
+the model's own cache (``cache``; RWKV-4's ``state``), holding each recurrent
+layer's state and convolution window and a hybrid's attention keys and
+values, and where transformers' forward does not continue exactly from it
+(`Family.CHUNKS_DIFFER`), what nnterp writes instead. Per family:
+
+* the DeltaNets, Mamba-2, LFM2, RWKV-4, the xLSTM: the cache carries it all;
+* Mamba-1 (``mamba``, ``falcon_mamba``) and Jamba: the cache carries the
+  convolution window (and Jamba's keys and values), but the prompt kernel
+  restarts the state from zeros; nnterp writes each layer's ``state_input``
+  from the ``state_output`` the chunk before read, under `nnterp.fast_states`
+  (turned on here), whose split kernel adds what the written state
+  contributes (exact: the scan is linear in its start state);
+* MiniMax: the cache carries the lightning states and the keys, but the
+  forward places a continued chunk's causal mask as if the cache were empty
+  (it reads the length from block 0, a lightning block): nnterp hands each
+  softmax layer the mask transformers' mask function builds at its index;
+* RecurrentGemma: the forward returns no cache and its prefill convolves over
+  zeros: nnterp passes the first chunk a cache (for the attention blocks) and
+  writes each block's ``conv_state_input`` and ``state_input`` per chunk.
+
+A family whose chunks nothing mends would be refused beyond one chunk. So
+memory holds one chunk's values, the model and its cache (and a state per
+recurrent layer where nnterp writes it): constant on a recurrent-only model,
+while a hybrid's attention cache grows with the length (as in ``generate``).
 
 Per chunk, for each requested layer, the trace reduces inside itself: the
 norm of each head's state after each kept token (``states_of`` at those
@@ -50,7 +64,6 @@ and one for ``memory_all`` (and, on a hybrid, a copy of the attention cache).
 from __future__ import annotations
 
 import copy
-import inspect
 import math
 from contextlib import nullcontext
 from typing import Any
@@ -60,6 +73,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from .chunked_prefill import ChunkedPrefill, zero_window
 from .core.dims import BATCH, CHANNELS, CONV_CHANNELS, LRU_WIDTH, MIXER_HEADS, SEQ
 from .core.errors import EmptyPrompt, InvalidArgument, Unavailable, WrongType
 from .core.indices import layer_indices
@@ -99,7 +113,7 @@ def long_context_profile(
     cacheless = needs_a_cache(model)
     if cacheless is not None:
         raise Unavailable(f"`{WHAT}`", f"every chunk continues the cache the one before left, and {cacheless}")
-    carries = family.CHUNKS_DIFFER is None or family.CHUNK_STATE_INPUT
+    carries = family.continues_chunks()
     if n > chunk_size and not carries:
         raise Unavailable(
             f"`{WHAT}` in chunks of {chunk_size} on {family.NAME}",
@@ -208,8 +222,8 @@ class ProfileRun:
         self.n = ids.numel()
         self.recurrent = recurrent_layers(model)
         self.targets, self.lags = targets, lags
-        self.cache: Any = None
-        self.carried: dict = {}
+        self.prefill = ChunkedPrefill(model)
+        self.carry = self.prefill.first()
         self.norms: dict = {layer: [] for layer in layers}
         self.decays: dict = {layer: [] for layer in layers}
         self.full: dict = {}
@@ -220,14 +234,11 @@ class ProfileRun:
             layer: {name: declared[layer][name].annotation.dim_str.split() for name in ("states", "decays") if name in declared[layer]}
             for layer in layers
         }
-        self.conv = {layer: "conv_state_input" in declared[layer] for layer in self.recurrent}
-        self.writes_state = bool(model.family.CHUNK_STATE_INPUT)
-        parameters = inspect.signature(model._module.forward).parameters
-        self.positioned = "position_ids" in parameters
-        self.attends = len(self.recurrent) < len(model.layers) or any(getattr(layer, "self_attn", None) is not None for layer in model.layers)
-        self.cache_positions = "cache_position" in parameters
-        # transformers 5.24 renamed the cache's keyword (and the output's field) to ``cache``; the old names warn.
-        self.argument = "cache" if "cache" in parameters else model.family.CACHE_ARGUMENT
+        # Whether a reset zeroes a convolution window too: where the kind has one (not lightning attention).
+        self.conv = {
+            layer: "conv_state_input" in declared[layer] and declared[layer]["conv_state_input"].reason(model.layers[layer].linear_attn) is None
+            for layer in self.recurrent
+        }
         # Where the reset probes start (t = T - lag > 0); t = 0 resets nothing, so its KL is 0 by definition.
         self.probes: dict[int, list] = {}
         for i, T in enumerate(targets):
@@ -249,48 +260,32 @@ class ProfileRun:
 
     # -- one chunk of the sequence ------------------------------------------------------
 
-    def kwargs(self, start: int, end: int, cache: Any) -> dict:
-        kwargs: dict = {"use_cache": True}
-        if self.positioned:
-            kwargs["position_ids"] = torch.arange(start, end)[None]  # as generate passes them (Bamba counts from 0 without)
-        if cache is not None:
-            kwargs[self.argument] = cache
-        if self.attends:
-            # The mask over every token so far, as generate passes it: a chunk's own would hide the cached keys from some
-            # families' attention (Bamba's). Only a hybrid gets one; it grows with the length, like its attention cache.
-            kwargs["attention_mask"] = torch.ones(1, end, dtype=torch.long)
-        if self.cache_positions:
-            kwargs["cache_position"] = torch.arange(start, end)
-        return kwargs
-
     def chunk(self, start: int, end: int) -> None:
         model, layers = self.model, self.layers
         kept = [t - start for t in range(start, end) if t % self.every == 0]
         wanted = [T - start for T in self.targets if start <= T < end]
-        with model.trace(self.ids[None, start:end], **self.kwargs(start, end, self.cache)):
+        prefill, cache = self.prefill, self.carry.cache
+        with model.trace(self.ids[None, start:end], **prefill.kwargs(start, end, cache)):
             saved = nnsight.save({})
-            for layer in self.recurrent:
+            for layer in prefill.layers(prefill.masks(start, end, cache)):
+                prefill.enter_window(layer, self.carry)
                 mixer = model.layers[layer].linear_attn
-                if self.writes_state and layer in self.carried:
-                    mixer.state_input = self.carried[layer]
+                if layer in layers and kept and "decays" in self.dims[layer]:
+                    saved[("decay", layer)] = reduce(mixer.decays, self.dims[layer]["decays"], "mean")
+                prefill.enter_state(layer, self.carry)
                 if layer in layers and kept:
-                    if "decays" in self.dims[layer]:
-                        saved[("decay", layer)] = reduce(mixer.decays, self.dims[layer]["decays"], "mean")
                     saved[("norm", layer)] = reduce(mixer.states_of(kept), self.dims[layer]["states"], "norm")
-                if self.writes_state:
-                    saved[("state", layer)] = mixer.state_output
+                prefill.leave(layer, saved)
             if wanted:
                 saved["logprobs"] = F.log_softmax(model.logits[0, wanted].float(), dim=-1)
             output = model.output.save()
-        self.cache = getattr(output, self.argument, None)
+        self.carry = prefill.carry(output, cache, saved)
         for layer in layers:
             if ("norm", layer) in saved:
                 self.norms[layer].append(saved[("norm", layer)])
             if ("decay", layer) in saved:
                 decay = saved[("decay", layer)]
                 self.decays[layer].append(decay[kept] if decay.shape[0] == end - start else decay.expand(len(kept), -1))
-        if self.writes_state:
-            self.carried = {layer: saved[("state", layer)] for layer in self.recurrent}
         for T, logprobs in zip([T for T in self.targets if start <= T < end], saved.get("logprobs", [])):
             self.full[T] = logprobs
 
@@ -304,31 +299,27 @@ class ProfileRun:
 
     def continued(self, t: int, T: int, zeroed: list[int]) -> torch.Tensor:
         """The next-token log-probabilities at ``T`` from the cache at ``t``, the ``zeroed`` layers' states zeroed."""
-        model = self.model
-        cache, carried = copy.deepcopy(self.cache), dict(self.carried)
+        model, prefill = self.model, self.prefill
+        carry = copy.deepcopy(self.carry)
         first = True
         for start in range(t, T + 1, self.chunk_size):
             end = min(start + self.chunk_size, T + 1)
-            with model.trace(self.ids[None, start:end], **self.kwargs(start, end, cache)):
+            with model.trace(self.ids[None, start:end], **prefill.kwargs(start, end, carry.cache)):
                 saved = nnsight.save({})
-                for layer in self.recurrent:
+                for layer in prefill.layers(prefill.masks(start, end, carry.cache)):
                     mixer = model.layers[layer].linear_attn
                     if first and layer in zeroed:
                         if self.conv[layer]:
-                            window = mixer.conv_state_input
-                            if window is not None:
-                                mixer.conv_state_input = torch.zeros_like(window)
-                        # The xLSTM's prompt kernel takes no cached state (None): its carried state has the shape.
-                        mixer.state_input = torch.zeros_like(carried[layer] if layer in carried else mixer.state_input)
-                    elif self.writes_state and layer in carried:
-                        mixer.state_input = carried[layer]
-                    if self.writes_state:
-                        saved[layer] = mixer.state_output
+                            zero_window(mixer)
+                        # Mamba-1's prompt kernel takes no cached state (None): its carried state has the shape.
+                        mixer.state_input = torch.zeros_like(carry.states[layer] if layer in carry.states else mixer.state_input)
+                    else:
+                        prefill.enter(layer, carry)
+                    prefill.leave(layer, saved)
                 if end == T + 1:
                     saved["logprobs"] = F.log_softmax(model.logits[0, -1].float(), dim=-1)
                 output = model.output.save()
-            cache, first = getattr(output, self.argument, None), False
-            carried = {layer: saved[layer] for layer in self.recurrent} if self.writes_state else carried
+            carry, first = prefill.carry(output, carry.cache, saved), False
         return saved["logprobs"]
 
     # -- the result -------------------------------------------------------------------------

@@ -5,9 +5,11 @@ each prefix (`tests.suites.caches`, the state contract's adapters) for the
 norms; the same model run to ``t``, its state and convolution window zeroed
 by hand in its cache, then fed one token at a time to ``T`` for the reset
 behind effective memory; and, for chunking, the profile of the whole sequence
-in one chunk (chunk sizes that divide the length and that do not). The
-families' declarations of whether a chunked prefill continues exactly
-(``CHUNKS_DIFFER``) are checked against transformers both ways.
+in one chunk (chunk sizes that divide the length and that do not, and one
+shorter than a convolution window), on every recurrent kind, the families
+whose chunks nnterp mends included. The families' declarations of whether
+transformers' chunked prefill continues exactly (``CHUNKS_DIFFER``) are
+checked against transformers both ways.
 """
 
 from __future__ import annotations
@@ -20,36 +22,35 @@ import torch.nn.functional as F
 
 import nnterp
 from nnterp import EmptyPrompt, InvalidArgument, PositionError, StandardizedTransformer, Unavailable, WrongType
+from nnterp.chunked_prefill import Carry
 from nnterp.components.mlstm import MLSTM
 from nnterp.families import REGISTRY, absent, families
 from nnterp.testing import toy_checkpoint
 from tests.reference import hf_oracles as hf
+from tests.reference import rg_lru as rg_lru_ref
 from tests.suites.caches import Cache, ConvCache, LinearCache, ModuleState, WKVState, XLSTMCache
 
 N = 24
 RECURRENT = [f.NAME for f in families() if f.MIXER is not None and absent(f.NAME) is None]
 
 
-def _carries(family) -> bool:
-    return family.CHUNKS_DIFFER is None or family.CHUNK_STATE_INPUT
-
-
 def _per_component(carrying: bool) -> list[str]:
     """The first family of each recurrent component (registry order) that does (or does not) carry state in chunks."""
     found: dict = {}
     for family in families():
-        if family.NAME in RECURRENT and _carries(family) == carrying:
+        if family.NAME in RECURRENT and family.continues_chunks() == carrying:
             found.setdefault(family.MIXER.__name__, family.NAME)
     return sorted(found.values())
 
 
-CARRYING = _per_component(True)  # every kind but Mamba-1, lightning attention and the RG-LRU, with a hybrid among them
-ONE_CHUNK = [name for name in _per_component(False) if REGISTRY[name].MIXER.__name__ not in {REGISTRY[c].MIXER.__name__ for c in CARRYING}]
+CARRYING = _per_component(True)  # every kind, with hybrids among them
+#: The other Mamba-1 families (CARRYING has Jamba): transformers restarts their state on every chunk, nnterp writes it.
+WRITTEN = ["mamba", "falcon_mamba"]
 #: How each kind's state sits in the plain model's cache, and whether a reset also zeroes a convolution window there.
 ADAPTERS = {
     "LinearAttention": (Cache(), True), "KimiDeltaAttention": (Cache(), True), "StateSpace": (Cache(), True),
     "SelectiveScan": (Cache(), True), "ShortConvolution": (ConvCache(), False), "WKV": (WKVState(), False),
-    "LightningAttention": (LinearCache(), False), "RGLRU": (ModuleState(), False), "MLSTM": (XLSTMCache(MLSTM.unpack), False),
+    "LightningAttention": (LinearCache(), False), "RGLRU": (ModuleState(), True), "MLSTM": (XLSTMCache(MLSTM.unpack), False),
 }
 
 
@@ -60,18 +61,18 @@ def _ids(model, n: int = N, seed: int = 0) -> torch.Tensor:
 
 def test_the_kinds_cover_every_recurrent_component_and_a_hybrid():
     components = {REGISTRY[name].MIXER.__name__ for name in RECURRENT}
-    assert {REGISTRY[name].MIXER.__name__ for name in CARRYING + ONE_CHUNK} == components
+    assert {REGISTRY[name].MIXER.__name__ for name in CARRYING} == components
     assert "qwen3_5_text" in CARRYING  # a gated DeltaNet hybrid: attention layers between the recurrent ones
 
 
-@pytest.mark.parametrize("model_type", CARRYING)
+@pytest.mark.parametrize("model_type", CARRYING + WRITTEN)
 def test_chunked_profile_equals_the_unchunked_one(model_type, load):
     model = load(model_type)
     ids = _ids(model)
     kwargs = dict(memory_at=[9, N - 1], lags=[0, 1, 3, 8], progress=False)
     whole = nnterp.long_context_profile(model, ids, chunk_size=N, **kwargs)
     assert set(whole.state_norm) == set(whole.memory) and whole.memory_all.shape == (2, 4)
-    for chunk_size in (8, 6, 5, 7):  # dividing the length, and not
+    for chunk_size in (8, 6, 5, 7, 2):  # dividing the length, and not; shorter than a convolution window
         chunked = nnterp.long_context_profile(model, ids, chunk_size=chunk_size, **kwargs)
         for layer, norm in whole.state_norm.items():
             assert norm.shape[0] == N and norm.dim() == 2
@@ -96,13 +97,13 @@ def _head_norms(state, kind: str) -> torch.Tensor:
     return state[0].float().reshape(state.shape[1], -1).norm(dim=-1)
 
 
-@pytest.mark.parametrize("model_type", CARRYING + ONE_CHUNK)
+@pytest.mark.parametrize("model_type", CARRYING)
 def test_norms_equal_the_hf_caches_state_after_each_prefix(model_type, load, plains):
     kind = REGISTRY[model_type].MIXER.__name__
     model, plain = load(model_type), plains(model_type)
     adapter, _ = ADAPTERS[kind]
     ids = _ids(model, 14)
-    chunk = 5 if _carries(model.family) else 14
+    chunk = 5 if model.family.continues_chunks() else 14
     profile = nnterp.long_context_profile(model, ids, chunk_size=chunk, every=2, memory_at=[], progress=False)
     assert profile.positions.tolist() == list(range(0, 14, 2))
     for layer, norms in profile.state_norm.items():
@@ -122,7 +123,10 @@ def _zero_by_hand(adapter, cache, layer: int, kind: str, conv: bool) -> None:
         c, n, m = state
         state = MLSTM.pack(c, n, m[..., None])  # the adapter writes nnterp's packed layout
     adapter.write(cache, layer, torch.zeros_like(state))
-    if conv:
+    if conv and kind == "RGLRU":  # the window on the block's module
+        block = rg_lru_ref.block(cache[0], layer)
+        block.conv1d_state = torch.zeros_like(block.conv1d_state)
+    elif conv:
         hf.set_conv_state(cache, layer, torch.zeros_like(hf.conv_state(cache, layer)))
 
 
@@ -157,13 +161,19 @@ def test_a_reset_at_t_equals_a_hf_forward_whose_cache_is_zeroed_at_t_by_hand(mod
         assert profile.memory_all[0, j].item() == pytest.approx(expected, rel=1e-4, abs=1e-5), t
 
 
-def _chunked_logits(plain, ids: torch.Tensor, size: int, argument: str) -> torch.Tensor:
-    """transformers alone: the sequence in chunks, each passed the cache the one before returned."""
+def _chunked_logits(plain, ids: torch.Tensor, size: int, argument: str, hybrid: bool) -> torch.Tensor:
+    """transformers alone: the sequence in chunks, each passed the cache the one before returned, and on a
+    ``hybrid`` the attention mask over every token so far, as generate passes them."""
     parameters = inspect.signature(plain.forward).parameters
+    # transformers 5.24 renamed the cache's keyword and the output's field to ``cache``; the old name no longer
+    # returns it.
+    argument = "cache" if "cache" in parameters else argument
     cache, parts = None, []
     for start in range(0, ids.shape[1], size):
         end = min(start + size, ids.shape[1])
         kwargs: dict = {"use_cache": True}
+        if hybrid:
+            kwargs["attention_mask"] = torch.ones(1, end, dtype=torch.long)
         if cache is not None:
             kwargs[argument] = cache
         if "cache_position" in parameters:
@@ -181,16 +191,20 @@ def test_each_familys_chunks_differ_declaration_matches_transformers(model_type,
     plain, family = plains(model_type), REGISTRY[model_type]
     ids = torch.randint(3, 200, (1, 23), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        gap = (plain(ids).logits - _chunked_logits(plain, ids, 5, family.CACHE_ARGUMENT)).abs().max().item()
+        hybrid = any("self_attn" in parts for parts in family.layer_parts(plain.config))
+        gap = (plain(ids).logits - _chunked_logits(plain, ids, 5, family.CACHE_ARGUMENT, hybrid)).abs().max().item()
     if family.CHUNKS_DIFFER is None:
         assert gap < 1e-4, f"{model_type}: a chunked prefill is {gap} off: declare CHUNKS_DIFFER"
     else:
         assert gap > 1e-3, f"{model_type}: transformers now continues chunks exactly ({gap}): drop CHUNKS_DIFFER"
 
 
-@pytest.mark.parametrize("model_type", ONE_CHUNK)
-def test_a_family_that_cannot_carry_state_runs_in_one_chunk_and_says_why_otherwise(model_type, load):
-    model = load(model_type)
+def test_a_family_whose_chunks_nothing_mends_runs_in_one_chunk_and_says_why_otherwise(load, monkeypatch):
+    """Every registered family's chunks continue now; one whose forward differs with nothing declared to mend it
+    (RecurrentGemma without its declarations) is refused."""
+    model = load("recurrent_gemma")
+    for name in ("CHUNK_STATE_INPUT", "CHUNK_WINDOW_INPUT"):
+        monkeypatch.setattr(model.family, name, False)
     ids = _ids(model, 12)
     profile = nnterp.long_context_profile(model, ids, chunk_size=12, progress=False)
     assert profile.memory_at == [] and all(norm.shape[0] == 12 for norm in profile.state_norm.values())
@@ -231,6 +245,8 @@ def test_bad_inputs_raise_the_taxonomys_errors_naming_the_fix(load):
 def _tensors(value):
     if isinstance(value, torch.Tensor):
         yield value
+    elif isinstance(value, Carry):  # what a chunk hands the next (its cache is the model's own object)
+        yield from _tensors(vars(value))
     elif isinstance(value, dict):
         for item in value.values():
             yield from _tensors(item)
@@ -239,13 +255,14 @@ def _tensors(value):
             yield from _tensors(item)
 
 
-def test_a_long_sequence_runs_in_small_chunks_holding_a_chunk_and_the_profiles_rows(load, monkeypatch):
+@pytest.mark.parametrize("model_type", ["rwkv", "mamba"])  # the cache carries the state; nnterp writes it
+def test_a_long_sequence_runs_in_small_chunks_holding_a_chunk_and_the_profiles_rows(model_type, load, monkeypatch):
     """16k tokens on a recurrent-only model in chunks of 512: after every chunk, each tensor the run holds (the
-    cache, the rows kept so far, the pending probes) has no axis longer than a chunk, and the rows kept add up to
-    the output's (``n / every`` per layer), never the sequence's."""
+    cache, the states carried to the next chunk, the rows kept so far, the pending probes) has no axis longer than
+    a chunk, and the rows kept add up to the output's (``n / every`` per layer), never the sequence's."""
     from nnterp.long_context import ProfileRun
 
-    model = load("rwkv")
+    model = load(model_type)
     n, every, chunk_size = 16384, 64, 512
     held: list[tuple[int, int]] = []
     original = ProfileRun.chunk

@@ -38,13 +38,11 @@ Values, in forward order, all tokens first (``seq`` is this call's tokens):
   so ``y_t = Σ_s A[c, t, s] u_s[c]`` (+ ``state_input_readout`` on a decode step).
 * ``attention_output`` ``[batch, seq, hidden]``: the block's output.
 
-Failure mode worth knowing: transformers keeps this state ON THE MODULES, not in
-a cache object (``rg_lru.recurrent_states``, ``conv1d_state``), and rewrites both
-on every forward; a trace leaves there the state after its last call, as a
-plain forward does (nnterp restores nothing: the next prompt starts at
-position 0 and resets them). A several-token call continuing a state (position
-> 0) reads ``recurrent_states`` but, in transformers, restarts the convolution
-from zeros: ``conv_state_input`` is ``None`` there.
+Failure mode worth knowing: transformers keeps this state ON THE MODULES
+(``rg_lru.recurrent_states``, ``conv1d_state``), not in a cache object, and a
+trace leaves there the state after its last call, as a plain forward does. A
+several-token call at position > 0 reads ``recurrent_states`` but convolves
+over zeros: ``conv_state_input`` is ``None`` there until assigned.
 """
 
 from __future__ import annotations
@@ -55,6 +53,7 @@ import textwrap
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from jaxtyping import Float
 from nnsight.intervention.interleaver import Mediator
 from torch import Tensor
@@ -74,6 +73,10 @@ from .recurrent import RecurrentMixer, kernel_argument
 _NO_CACHE = (
     "this call runs without a cache (use_cache=False), so nothing continues from the state leaving it: run it with "
     "use_cache=True (the default of a trace and of generate); states[:, -1] is the state after its last token"
+)
+_NO_WINDOW = (
+    "this call runs without a cache (use_cache=False), so the block keeps no convolution window: run it with "
+    "use_cache=True (the default of a trace and of generate)"
 )
 
 Channels = Float[Tensor, f"{BATCH} {SEQ} {LRU_WIDTH}"]
@@ -221,11 +224,8 @@ class RGLRU(RecurrentMixer):
     # -- the state entering and leaving the call -----------------------------------------
 
     def _entering(self) -> torch.Tensor | None:
-        call = self.record()
-        state = call.serve("state")
-        if not self._call()["continues"] or state is None:
-            return None
-        return state.clone()
+        state = self.record().serve("state")
+        return state.clone() if self._call()["continues"] and state is not None else None
 
     def _assign_entering(self, value: Any) -> None:
         call = self.record()
@@ -342,32 +342,35 @@ class RGLRU(RecurrentMixer):
     # -- the convolution window, kept on the block ---------------------------------------
 
     def _window_entering(self) -> torch.Tensor | None:
-        info = self._call()
+        info, written = self._call(), per_call(self, "conv window written", dict).get("window")
         window = self._module.conv1d_state
-        # A several-token call pads with zeros whatever the block holds (transformers' prefill).
+        # A several-token call pads with zeros whatever the block holds (transformers' prefill), unless written.
         if info["seq"] != 1 or not info["use_cache"] or window is None:
-            return None
+            return None if written is None else written.clone()
         return window.clone()
 
     def _assign_window_entering(self, value: Any) -> None:
-        info = self._call()
+        info, block = self._call(), self._module
         what = "`linear_attn.conv_state_input`"
-        window = self._module.conv1d_state
-        if info["seq"] != 1 or not info["use_cache"] or window is None:
-            raise Unavailable(
-                f"a write to {what}", "it is None on a several-token call (transformers' prefill convolves over zeros, whatever the "
-                "block holds): assign it on a decode step, or assign the previous call's `conv_state_output`"
-            )
-        check_tensor(what, value, window)
-        self._module.conv1d_state = value
+        if not info["use_cache"] or (info["seq"] == 1 and block.conv1d_state is None):
+            raise Unavailable(f"a write to {what}", _NO_WINDOW)
+        if info["seq"] == 1:
+            check_tensor(what, value, block.conv1d_state)
+            block.conv1d_state = value
+            return
+        # A prefill convolves over zeros: convolve again over the window and the input; keep the window that leaves.
+        conv, module = self.conv_1d, block.conv_1d
+        x = conv.input
+        check_expected(what, value, (x.shape[0], x.shape[1], block.conv1d_width - 1), x.dtype, x.device)
+        joined = torch.cat([value, x], -1)
+        conv.output = F.conv1d(joined, module.weight, module.bias, padding=module.padding, groups=module.groups)[..., value.shape[-1]:]
+        block.conv1d_state = joined[..., x.shape[-1]:]
+        per_call(self, "conv window written", dict)["window"] = value
 
     def _window_kept(self) -> torch.Tensor:
         """The window the block keeps once this call has returned."""
         if not self._call()["use_cache"]:
-            raise Unavailable(
-                "linear_attn.conv_state_output", "this call runs without a cache (use_cache=False), so the block keeps no convolution window: run it "
-                "with use_cache=True (the default of a trace and of generate)"
-            )
+            raise Unavailable("linear_attn.conv_state_output", _NO_WINDOW)
         Mediator.value(f"{self.path}.output")
         return self._module.conv1d_state
 
@@ -380,16 +383,12 @@ class RGLRU(RecurrentMixer):
         self._module.conv1d_state = value
 
     conv_state_input = DerivedEProperty(
-        _window_entering,
-        assign=_assign_window_entering,
-        description="the convolution window entering a decode step, [batch, lru_width, conv_width - 1], a copy (None on "
-        "a several-token call, which convolves over zeros)",
-        annotation=ConvWindow,
-        none_on_fresh_prompt=True,
+        _window_entering, assign=_assign_window_entering, annotation=ConvWindow, none_on_fresh_prompt=True,
+        description="the convolution window entering this call, [batch, lru_width, conv_width - 1], a copy (None on a "
+        "several-token call, which convolves over zeros, until assigned: the call then convolves over it)",
     )
     conv_state_output = DerivedEProperty(
-        _window_leaving,
-        assign=_assign_window_leaving,
+        _window_leaving, assign=_assign_window_leaving,
         description="the convolution window the block keeps after this call (its last conv_width - 1 inputs), "
         "[batch, lru_width, conv_width - 1]",
         annotation=ConvWindow,

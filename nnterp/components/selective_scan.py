@@ -25,7 +25,10 @@ Values, all tokens first (``seq`` is this call's tokens, one on a decode step):
   the state is multiplied by ``decays.exp()``. Read-only.
 * ``state_input`` ``[batch, channels, state_size]``: the state entering a decode
   step, a copy; ``None`` on a prompt, since transformers' prompt kernel always
-  starts from zeros (so does a multi-token continuation of a cache).
+  starts from zeros (so does a multi-token continuation of a cache). Under
+  ``fast_states(model)`` a prompt's is assignable (before any other value of
+  the call): the fast path serves the call from it, the kernel run from zeros
+  plus what the state contributes (``SCAN.resume``), and reads it back.
 * ``state_output``: the state after the call's last token; writable.
 * ``state`` / ``states`` ``[batch, seq, channels, state_size]`` /
   ``state_after`` / ``states_of`` / ``set_state_after``: the state after every
@@ -62,6 +65,7 @@ from ..core.errors import NnterpError
 from ..core.values import DerivedEProperty
 from ..fast.selective_scan import EFFECTIVE as SCAN_ATTENTION
 from ..fast.selective_scan import FAST as SCAN
+from ..recurrent import per_token
 from ..recurrent.arguments import (
     CHANNELS_FIRST,
     ONE_TOKEN,
@@ -76,6 +80,7 @@ from ..recurrent.call import Call
 from ..recurrent.gradients import on_the_path, recording
 from ..recurrent.kernels import drill, modeling_of, unreadable_call
 from ..recurrent.labels import Label, call_label
+from ..recurrent.per_token.from_arguments import FROM_ARGUMENTS
 from ..recurrent.per_token.loop import needs_recurrent_routing
 from .conv import conv_state_input, conv_state_output
 from .recurrent import RecurrentMixer, kernel_argument
@@ -178,10 +183,26 @@ class SelectiveScan(RecurrentMixer):
         unavailable=unreadable_call,
         annotation=ScanStates,
     )
-    state_input = RecurrentMixer.state_input.variant(
-        "the state entering a decode step, [batch, channels, state_size], a copy (None on a fresh prompt, and on any "
-        "prompt: the kernel starts from zeros); assign it on a decode step to continue from another",
-        ScanState,
+    def _starts_by_fast_path(self) -> bool:
+        """Whether this call is a prompt under `fast_states`, whose entering state nnterp writes (the kernel takes none)."""
+        return per_token.strategy_for(self) is FROM_ARGUMENTS and not self.record().decodes
+
+    def _state_input(self) -> torch.Tensor | None:
+        return FROM_ARGUMENTS.state_input(self) if self._starts_by_fast_path() else RecurrentMixer._state_input(self)
+
+    def _assign_state_input(self, value: torch.Tensor) -> None:
+        if self._starts_by_fast_path():
+            FROM_ARGUMENTS.set_state_input(self, value)
+        else:
+            RecurrentMixer._assign_state_input(self, value)
+
+    state_input = DerivedEProperty(
+        _state_input, assign=_assign_state_input, key=RecurrentMixer.kernel("inputs"),
+        description="the state entering this call, [batch, channels, state_size], a copy: on a decode step the cache's; "
+        "on a prompt None (the kernel starts from zeros), or under nnterp.fast_states(model) the one assigned; assign "
+        "it on a decode step, or on a prompt under fast_states (before any other value of the call), to continue "
+        "from another",
+        unavailable=unreadable_call, annotation=ScanState, none_on_fresh_prompt=True,
     )
     state_output = RecurrentMixer.state_output.variant("the state after this call's last token, [batch, channels, state_size]", ScanState)
     state = RecurrentMixer.state.variant(

@@ -78,8 +78,16 @@ class Family:
     #: it is ``None`` or ``CHUNK_STATE_INPUT`` carries the state instead.
     CHUNKS_DIFFER: ClassVar[str | None] = None
     #: Whether writing each recurrent layer's ``state_input`` (the previous chunk's ``state_output``) with the cache
-    #: makes a chunk continue exactly where the forward alone does not.
+    #: makes a chunk continue exactly where the forward alone does not (Mamba-1: under `nnterp.fast_states`, which
+    #: `nnterp.long_context_profile` turns on).
     CHUNK_STATE_INPUT: ClassVar[bool] = False
+    #: Whether giving each softmax layer the causal mask transformers' mask function builds at that layer's index
+    #: makes a chunk continue exactly (MiniMax: its forward builds it from block 0's cache, a lightning block that
+    #: keeps no keys, so a continued chunk's mask is placed as if the cache were empty).
+    CHUNK_MASK: ClassVar[bool] = False
+    #: Whether writing each recurrent layer's ``conv_state_input`` (the previous chunk's ``conv_state_output``) is
+    #: needed as well (RecurrentGemma, whose prefill convolves over zeros whatever window its block keeps).
+    CHUNK_WINDOW_INPUT: ClassVar[bool] = False
     #: The forward's keyword taking the cache a previous call returned (and the output's attribute holding it).
     CACHE_ARGUMENT: ClassVar[str] = "past_key_values"
 
@@ -145,6 +153,18 @@ class Family:
     def logits_softcap(cls, config: Any) -> float | None:
         """The cap ``c`` where the causal LM soft-caps its logits (``c * tanh(logits / c)``, after `logits_scale`), else ``None``."""
         return None
+
+    @classmethod
+    def first_cache(cls, config: Any) -> Any:
+        """The cache a sequence's first call is passed, for the later ones to continue, where the forward returns
+        none (RecurrentGemma); ``None``: the forward makes one and returns it."""
+        return None
+
+    @classmethod
+    def continues_chunks(cls) -> bool:
+        """Whether nnterp continues a prompt exactly from the cache an earlier call left: transformers' forward
+        does, or nnterp mends it (``CHUNK_STATE_INPUT``, ``CHUNK_MASK``)."""
+        return cls.CHUNKS_DIFFER is None or cls.CHUNK_STATE_INPUT or cls.CHUNK_MASK
 
     @classmethod
     def layer_parts(cls, config: Any) -> list[set[str]]:

@@ -36,9 +36,12 @@ class Mamba(Llama):
     COMPONENTS = {MODELING.MambaMixer: SelectiveScan}
     MIXER = SelectiveScan
     CHUNKS_DIFFER = (
-        "transformers' Mamba-1 forward starts a prompt of several tokens from a zero state and a zero convolution window "
-        "even with a cache (only a one-token step continues it), and the prompt kernel takes no state nnterp could write"
+        "transformers' Mamba-1 forward starts a prompt of several tokens from a zero state even with a cache (its "
+        "convolution window continues; only a one-token step continues the state), its prompt kernel taking none"
     )
+    #: Under `fast_states` (which `long_context_profile` turns on) a prompt's ``state_input`` is written: the fast
+    #: path runs the kernel from zeros and adds what the written state contributes.
+    CHUNK_STATE_INPUT = True
 
     REAL_CHECKPOINTS = {
         "state-spaces/mamba-2.8b-hf": RealCheckpoint(

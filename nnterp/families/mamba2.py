@@ -22,10 +22,8 @@ class Mamba2(Mamba):
     DECODER_LAYERS = (MODELING.Mamba2Block,)
     COMPONENTS = {MODELING.Mamba2Mixer: StateSpace}
     MIXER = StateSpace
-    CHUNKS_DIFFER = (
-        "transformers' Mamba-2 forward does not continue a prompt of several tokens from its cache's state and convolution "
-        "window, and nnterp cannot write the window entering a prompt"
-    )
+    CHUNKS_DIFFER = None  # its forward continues a prompt from the cache's state and convolution window
+    CHUNK_STATE_INPUT = False
 
     REAL_CHECKPOINTS = {
         "AntonV/mamba2-130m-hf": RealCheckpoint(

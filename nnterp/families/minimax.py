@@ -43,9 +43,11 @@ class MiniMax(Qwen3_5Text):
     COMPONENTS = {MODELING.MiniMaxAttention: Attention, MODELING.MiniMaxLightningAttention: LightningAttention}
     MIXER = LightningAttention
     CHUNKS_DIFFER = (
-        "transformers' MiniMax forward does not continue a prompt of several tokens from its cache's lightning state "
-        "(a chunked prefill differs from the whole prompt, and writing `state_input` does not mend it)"
+        "transformers' MiniMax forward builds a continued prompt's causal mask from block 0's cache, a lightning block "
+        "that keeps no keys, so its softmax blocks mask the cached keys as if the cache were empty (the lightning "
+        "states continue exactly)"
     )
+    CHUNK_MASK = True  # each softmax block given the mask transformers builds at its own index mends it
     PADDING_DIFFERS = (
         "transformers' MiniMax cache reports its length from block 0, a lightning block that keeps no keys, so the "
         "attention mask of a decode step is built as for an empty cache and a softmax block no longer masks a "

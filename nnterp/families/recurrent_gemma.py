@@ -1,6 +1,7 @@
 """RecurrentGemma (Griffin): RG-LRU recurrent blocks and local attention blocks, two in every three recurrent."""
 
 import transformers.models.recurrent_gemma.modeling_recurrent_gemma as MODELING
+from transformers import DynamicCache
 from transformers.models.recurrent_gemma.configuration_recurrent_gemma import RecurrentGemmaConfig
 
 from ..components.attention import Attention
@@ -45,9 +46,13 @@ class RecurrentGemma(Llama):
     COMPONENTS = {MODELING.RecurrentGemmaAttention: Attention, MODELING.RecurrentGemmaRecurrentBlock: RGLRU}
     MIXER = RGLRU
     CHUNKS_DIFFER = (
-        "transformers' RecurrentGemma forward does not continue a prompt of several tokens from the RG-LRU state and "
-        "convolution window its modules keep (a chunked prefill differs from the whole prompt)"
+        "transformers' RecurrentGemma forward returns no cache, and a call passed none resets the RG-LRU state and "
+        "convolution window its modules keep (and keeps no earlier keys for its attention blocks); a prompt of several "
+        "tokens also convolves over zeros, not the window its block keeps"
     )
+    #: Mended by passing the first chunk a cache (`first_cache`) and writing each block's window and state.
+    CHUNK_STATE_INPUT = True
+    CHUNK_WINDOW_INPUT = True
     PADDING_DIFFERS = (
         "transformers' recurrent block ignores the attention mask: a left-padded row's RG-LRU restarts at its first "
         "token (its position 0), but the padding's inputs enter its first conv_width - 1 tokens' convolution, so the "
@@ -72,6 +77,10 @@ class RecurrentGemma(Llama):
             "then one attention block); its key/value heads are not recorded here",
         ),
     }
+
+    @classmethod
+    def first_cache(cls, config) -> DynamicCache:
+        return DynamicCache(config=config)  # for the attention blocks' keys: the forward makes one but returns none
 
     @classmethod
     def logits_softcap(cls, config) -> float | None:

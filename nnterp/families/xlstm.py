@@ -41,8 +41,6 @@ class XLSTM(Llama):
     DECODER_LAYERS = (MODELING.xLSTMBlock,)
     COMPONENTS = {MODELING.xLSTMLayer: MLSTM}
     MIXER = MLSTM
-    CHUNKS_DIFFER = "transformers' xLSTM forward starts a prompt of several tokens from a zero state even with a cache"
-    CHUNK_STATE_INPUT = True  # writing each block's state_input from the previous chunk's state_output mends it
     PADDING_REFUSED = (
         "transformers' xLSTM forward takes no attention mask, so a padded batch would run the padding through every "
         "block's mLSTM state and change each shorter prompt's result: trace prompts of one length together, or each "

@@ -245,8 +245,8 @@ class Call:
         if "state" not in self.table:
             raise Unavailable(
                 "a write to linear_attn.state_input",
-                f"{type(self.mixer).__name__}'s prompt kernel takes no initial state (it starts from zeros): assign "
-                "`state_input` on a decode step, or use set_state_after(t, value) inside the prompt"
+                f"{type(self.mixer).__name__}'s prompt kernel takes no initial state (it starts from zeros): call "
+                "nnterp.fast_states(model) first (it adds what the state contributes), or assign on a decode step"
             )
         self.assign("state", value)
 

@@ -5,7 +5,8 @@ The plain model keeps the RG-LRU's state on its modules
 (tests/suites/contract.py) against that state, plus what the kind adds: the
 RG-LRU written from the paper's equation reproducing the states from the
 values nnterp serves, a decode-step write against the scan, several tokens
-continuing a state, the convolution window, the errors
+continuing a state, the convolution window (written entering a decode step or
+several tokens), the errors
 (tests/reference/rg_lru.py). A family's test file subclasses it and names ``MODEL_TYPE``.
 """
 
@@ -182,6 +183,32 @@ class RGLRUSuite(StateContract):
         assert kept.shape == window.shape
         assert torch.equal(tokens[:, ids.shape[1]:], expected_tokens)
 
+    def test_a_window_written_entering_several_tokens_is_convolved_as_decode_steps_convolve_it(self, model, plain, ids):
+        """Every block continues the prefix from the window it kept, one from a random window instead. Oracle:
+        transformers' own decode steps, the module's window replaced by hand after the prefix."""
+        k, layer, n = 3, self.LAYERS[1], ids.shape[1]
+        mixers = [i for i, block in enumerate(model.layers) if block.linear_attn is not None]
+        cache, kept = DynamicCache(config=model._module.config), {}  # the model returns none; its attention needs one
+        with torch.no_grad(), model.trace(ids[:, :k], **{hf.cache_kwarg(model._module): cache}):
+            for i in mixers:
+                kept[i] = model.layers[i].linear_attn.conv_state_output.save()
+        other = torch.randn(kept[layer].shape, generator=torch.Generator().manual_seed(0))
+        kept[layer] = other
+        inputs = {"input_ids": ids[:, k:], "attention_mask": torch.ones_like(ids)}
+        with torch.no_grad(), model.trace(inputs, position_ids=torch.arange(k, n)[None], **{hf.cache_kwarg(model._module): cache}):
+            for i in mixers:
+                model.layers[i].linear_attn.conv_state_input = kept[i]
+                if i == layer:
+                    entering = model.layers[i].linear_attn.conv_state_input.save()
+                    leaving = model.layers[i].linear_attn.conv_state_output.save()
+            logits = model.logits.save()
+        _, plain_cache = ref.prefill(plain, ids[:, :k])
+        ref.block(plain, layer).conv1d_state = other.clone()
+        expected = torch.stack([ref.step(plain, ids[:, t : t + 1], t, plain_cache) for t in range(k, n)], 1)
+        assert torch.equal(entering, other)
+        torch.testing.assert_close(leaving, ref.block(plain, layer).conv1d_state, **TOL)
+        torch.testing.assert_close(logits, expected, **TOL)
+
     def test_the_modules_hold_the_last_calls_state_after_a_trace_as_after_a_plain_forward(self, model, plain, ids):
         layer = self.LAYERS[0]
         weights = {k: v.clone() for k, v in model._module.state_dict().items()}
@@ -206,7 +233,7 @@ class RGLRUSuite(StateContract):
             "gate after the scan": (lambda: (mix.recurrent_gate, mix.input_gates), OrderError, "RG-LRU had computed it"),
             "x after a gate": (lambda: (mix.decays, setattr(mix, "lru_input", mix.decays)), OrderError, "RG-LRU had computed it"),
             "prompt state_input": (lambda: setattr(mix, "state_input", good), NnterpError, "position 0"),
-            "prompt conv window": (lambda: setattr(mix, "conv_state_input", torch.zeros(1, 1, 1)), NnterpError, "several-token"),
+            "prompt conv window": (lambda: setattr(mix, "conv_state_input", torch.zeros(1, 1, 1)), NnterpError, "shape"),
             "read-only": (lambda: setattr(mix, "states", None), ReadOnlyValue, "set_state_after"),
         }
         for name, (action, error, words) in cases.items():

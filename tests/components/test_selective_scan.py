@@ -23,6 +23,7 @@ from nnterp.recurrent.arguments import CHANNELS_FIRST, ONE_TOKEN
 from tests.blocks import check_printed, run_block
 from tests.reference import hf_oracles as hf
 from tests.reference.recurrences import selective_scan
+from tests.suites.caches import Cache
 from tests.suites.checkpoint import PROMPT, CheckpointFixtures
 from tests.suites.contract import PaddedBatch, StateContract
 from tests.suites.standins import compiled_kernels, mixer_kernels
@@ -171,6 +172,50 @@ class SelectiveScanSuite(StateContract, PaddedBatch, MambaCases):
             states = mix.states.save()
         assert chosen == [cls.CHUNK_KERNEL] and entering == [None], "transformers' Mamba-1 restarts from zeros there"
         assert states.shape[1] == ids.shape[1] - 4
+
+    def _continuation(self, model, ids, k: int) -> dict:
+        """The trace inputs of ``ids[:, k:]`` over the cache a trace of ``ids[:, :k]`` left (the attention mask
+        over every token on a hybrid, whose attention layers read the cached keys)."""
+        with torch.no_grad(), model.trace(ids[:, :k]):
+            out = model.output.save()
+        inputs = {"input_ids": ids[:, k:]}
+        if any(layer.linear_attn is None for layer in model.layers):
+            inputs["attention_mask"] = torch.ones_like(ids)
+        return {"inputs": inputs, hf.cache_kwarg(model._module): hf.output_cache(out)}
+
+    def test_under_fast_states_a_prompt_starts_from_the_assigned_state_input(self, model, plain, ids, mixers):
+        """Every mixer continues the prefix from the state it left, one from a random state instead. Oracle:
+        transformers' own decode steps from a cache whose state after the prefix is replaced by hand."""
+        layer, k = mixers[1], 3
+        left = {}
+        with torch.no_grad(), model.trace(ids[:, :k]):
+            for i in mixers:
+                left[i] = model.layers[i].linear_attn.state_output.save()
+        left[layer] = self.random_like(left[layer])
+        continuation = self._continuation(model, ids, k)
+        with nnterp.fast_states(model), torch.no_grad(), model.trace(continuation.pop("inputs"), **continuation):
+            for i in mixers:  # in the order the model runs
+                model.layers[i].linear_attn.state_input = left[i]
+                if i == layer:
+                    entering = model.layers[i].linear_attn.state_input.save()
+                    states = model.layers[i].linear_attn.states.save()
+            logits = model.logits.save()
+        expected_logits, expected_states = Cache().continue_from(plain, ids, k - 1, layer, left[layer])
+        assert torch.equal(entering, left[layer])
+        torch.testing.assert_close(states, expected_states, **TOL)
+        torch.testing.assert_close(logits, expected_logits, **TOL)
+
+    def test_a_prompts_state_input_is_written_under_fast_states_only_and_first(self, model, ids, mixers):
+        mix = model.layers[mixers[0]].linear_attn
+        with torch.no_grad(), model.trace(ids):
+            value = torch.zeros_like(mix.state_output).save()
+        with pytest.raises(Unavailable, match=r"takes no initial state.*fast_states\(model\)"):
+            with torch.no_grad(), model.trace(ids):
+                mix.state_input = value
+        with nnterp.fast_states(model), pytest.raises(OrderError):
+            with torch.no_grad(), model.trace(ids):
+                mix.state_after(2).save()
+                mix.state_input = value
 
     def test_generate_steps_each_read_their_own_call(self, model):
         assert_generate_steps_read_their_own_call(model, model.layers[0].linear_attn)

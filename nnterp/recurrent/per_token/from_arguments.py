@@ -216,12 +216,34 @@ class FromArguments(PerToken):
             # autograd: a target's .grad needs the tokens after it to read the target itself.
             return
         call.writes[position] = value
+        self._serve(mixer, call)
+
+    def state_input(self, mixer: Mixer) -> torch.Tensor | None:
+        """The state a prompt's call starts from where its kernel takes none: `set_state_input`'s (a copy), else
+        ``None`` (zeros)."""
+        entering = self.record(mixer, "state_input").strategy["named"].get("state")
+        return None if entering is None else entering.clone()
+
+    def set_state_input(self, mixer: Mixer, value: torch.Tensor) -> None:
+        """Start a prompt's call from ``value``, where its kernel takes no initial state (Mamba-1's): the call is
+        served as a write's split is, its one run from ``value`` (the kernel from zeros, then the spec's ``resume``
+        adds what ``value`` contributes), so every later read and write of the call continues from it."""
+        what = "a write to `linear_attn.state_input`"
+        call = self.record(mixer, "state_input")
+        check_expected(what, value, *call.expected)
+        call.check_first_write(what)
+        call.check_write_order(what, -1, call.states_read, call.furthest, call.writes)  # before every token
+        call.strategy["named"]["state"] = value
+        self._serve(mixer, call)
+
+    def _serve(self, mixer: Mixer, call: Call) -> None:
+        """Make the call return what its writes make of it: the kernel call skipped with it, or, where another
+        invoke shares the call (a skip must cover every row, and the others may not write), the kernel run and
+        this invoke's rows of its output replaced."""
         result = self._split_result(mixer, call)
         if not call.strategy["served"] and covers_the_batch():
             call.op.skip(result)
         else:
-            # Another invoke shares this kernel call (a skip must cover every row, and the
-            # others may not write): let the kernel run, and replace this invoke's rows.
             if not call.strategy["served"]:
                 call.op.output
             Mediator.swap(f"{call.op.path}.output", result)
