@@ -39,10 +39,9 @@ prediction at ``T`` changes when the context before ``t`` is taken away (near
 0: the prediction no longer depends on it). Here the context is taken away by
 resetting the recurrent state (and convolution window) entering token ``t``
 to zeros, which on a recurrent-only model is running ``x_t..x_T`` from a
-fresh state (on RWKV-4, all but one token: the reset zeroes the WKV state and
-the time-mix token shift, nnterp's ``conv_state_input``, but not the
-channel-mix token shift, which still carries ``x_{t-1}`` into the
-feed-forward). ``d`` here is ``KL(p_full || p_reset)`` of the two
+fresh state (on RWKV-4, the reset zeroes the WKV state, the time mix's
+token shift, nnterp's ``conv_state_input``, and the channel mix's token
+shift in the state list, `Family.zero_carried_context`). ``d`` here is ``KL(p_full || p_reset)`` of the two
 next-token distributions (natural log), so that it reads like nnterp's patch
 effects; the paper takes a bounded distance between them (total variation, as
 we read it), so compare shapes of curves with the paper's, not values. Two
@@ -301,6 +300,8 @@ class ProfileRun:
         """The next-token log-probabilities at ``T`` from the cache at ``t``, the ``zeroed`` layers' states zeroed."""
         model, prefill = self.model, self.prefill
         carry = copy.deepcopy(self.carry)
+        for layer in zeroed:
+            model.family.zero_carried_context(carry.cache, layer)
         first = True
         for start in range(t, T + 1, self.chunk_size):
             end = min(start + self.chunk_size, T + 1)

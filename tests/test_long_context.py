@@ -115,7 +115,7 @@ def test_norms_equal_the_hf_caches_state_after_each_prefix(model_type, load, pla
 def _zero_by_hand(adapter, cache, layer: int, kind: str, conv: bool) -> None:
     """The plain model's state (and convolution window) of ``layer`` zeroed in its own cache."""
     if kind == "WKV":
-        for part in (1, 2, 3, 4):  # the time mix's token shift, then the WKV numerator, denominator, maximum
+        for part in (0, 1, 2, 3, 4):  # the channel mix's and the time mix's token shifts, the WKV numerator, denominator, maximum
             cache[part][:, :, layer] = 0
         return
     state = adapter.read(cache, layer)

@@ -161,6 +161,12 @@ class Family:
         return None
 
     @classmethod
+    def zero_carried_context(cls, cache: Any, layer: int) -> None:
+        """Zero, in ``cache``, what ``layer`` carries from earlier tokens outside its recurrent mixer's state and
+        window (RWKV-4: the channel mix's token shift), so that a reset of the layer's state forgets all of the
+        context (`nnterp.long_context_profile`'s effective memory); nothing on most families."""
+
+    @classmethod
     def continues_chunks(cls) -> bool:
         """Whether nnterp continues a prompt exactly from the cache an earlier call left: transformers' forward
         does, or nnterp mends it (``CHUNK_STATE_INPUT``, ``CHUNK_MASK``)."""

@@ -1,5 +1,7 @@
 """RWKV-4: a stack of time-mixing (WKV) and channel-mixing blocks, no attention."""
 
+from typing import Any
+
 import torch
 import transformers.models.rwkv.modeling_rwkv as MODELING
 from torch._guards import detect_fake_mode
@@ -70,6 +72,11 @@ class Rwkv(Mamba):
     MIXER = WKV
     CHUNKS_DIFFER = None  # its forward continues a prompt from the state list it returned
     CACHE_ARGUMENT = "state"
+
+    @classmethod
+    def zero_carried_context(cls, cache: Any, layer: int) -> None:
+        """The channel mix's token shift (the state list's part 0, ``x_{t-1}`` fed to the feed-forward)."""
+        cache[0][:, :, layer] = 0
 
     REAL_CHECKPOINTS = {
         "RWKV/rwkv-4-169m-pile": RealCheckpoint(
