@@ -1,0 +1,7 @@
+"""Circuits across mixed components: edge attribution, path patching and faithfulness over attention heads,
+recurrent mixer heads, convolutions and MLPs (`nnterp.circuits.nodes` defines the graph)."""
+
+from .nodes import NODE_KINDS, NodeMap, node_map, support
+from .patching import patch_edges
+
+__all__ = ["NODE_KINDS", "NodeMap", "node_map", "support", "patch_edges"]
