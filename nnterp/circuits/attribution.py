@@ -26,9 +26,11 @@ from typing import Any
 import torch
 
 from ..core.errors import InvalidArgument, ShapeError, Unavailable, WrongType
+from ..recurrent.no_cache import run_kwargs
 from .graph import EdgeGraph
 from .nodes import node_map
 from .patching import prompt_ids, trace_nodes
+from .positional import check_positional
 
 __all__ = ["edge_attribution", "logit_difference"]
 
@@ -43,10 +45,13 @@ def logit_difference(good: Any, bad: Any, position: int = -1) -> Callable:
     def metric(logits: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
         rows = torch.arange(logits.shape[0])
         at = logits[:, position]
-        pick = (lambda ids: ids[pairs] if ids.numel() > 1 else ids.expand(len(pairs)))
-        return at[rows, pick(good)] - at[rows, pick(bad)]
+        return at[rows, _per_row(good, pairs)] - at[rows, _per_row(bad, pairs)]
 
     return metric
+
+
+def _per_row(ids: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+    return ids[pairs] if ids.numel() > 1 else ids.expand(len(pairs))
 
 
 def _check(model: Any, clean: torch.Tensor, corrupt: torch.Tensor, metric: Any, method: str, steps: int, batch_size: Any) -> None:
@@ -65,7 +70,7 @@ def _check(model: Any, clean: torch.Tensor, corrupt: torch.Tensor, metric: Any, 
 
 
 def _embeddings(model: Any, ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad(), model.trace(ids, **model.family.BACKWARD_KWARGS):
+    with torch.no_grad(), model.trace(ids, **run_kwargs(model), **model.family.BACKWARD_KWARGS):
         saved = model.embed_tokens.output.save()
     return saved
 
@@ -89,45 +94,64 @@ def edge_attribution(
         clean, corrupt: prompt pairs, as two lists of prompts of one length (or ids ``[pairs, seq]``).
         metric: ``metric(logits, pairs) -> [batch]`` (module docstring; `logit_difference`).
         nodes: the node kinds of the graph (`nnterp.circuits.nodes.NODE_KINDS`); a kind not listed is in no edge.
-        positional: not served yet (raises `Unavailable`).
+        positional: split every edge out of a head by source position (`nnterp.circuits.positional`): its edges
+            are ``(source, destination, s)``, ``s`` ``None`` for the embeddings and an MLP.
         method: ``"eap"`` or ``"eap-ig"``; ``steps``: the integrated gradients' steps.
         batch_size: prompt pairs per run (``None``: all at once); ``progress``: a tqdm bar over the batches.
 
     Returns:
         an `EdgeGraph`, ``scores`` ``[edges]`` in ``graph.edges`` order.
     """
-    if positional:
-        raise Unavailable("edge_attribution(positional=True)", "positional edges are not served yet: score the edges, then split a head's edge with its effective attention")
     graph = node_map(model, nodes)
+    if positional:
+        check_positional(model, graph)
     clean_ids, corrupt_ids = prompt_ids(model, clean, "clean"), prompt_ids(model, corrupt, "corrupt")
     _check(model, clean_ids, corrupt_ids, metric, method, steps, batch_size)
     from tqdm.auto import tqdm
 
-    sources, count = len(graph.sources), clean_ids.shape[0]
+    sources, (count, seq) = len(graph.sources), clean_ids.shape
     total = torch.zeros(sources, len(graph.destinations))
+    by_position: dict = {}  # {(part, destination): [seq, heads]}
     clean_total = corrupt_total = 0.0
     step = batch_size or count
     batches = list(range(0, count, step))
     for start in tqdm(batches, desc="edge_attribution", unit="batch", disable=not progress, leave=False):
         pairs = torch.arange(start, min(start + step, count))
         ids, donor_ids = clean_ids[pairs], corrupt_ids[pairs]
-        donor = trace_nodes(model, graph, donor_ids, metric=metric, pairs=pairs)
+        donor = trace_nodes(model, graph, donor_ids, metric=metric, pairs=pairs, positional=positional)
         corrupt_total += float(donor.values.sum())
-        if method == "eap":
+        if method == "eap" and not positional:
             runs = [trace_nodes(model, graph, ids, metric=metric, pairs=pairs, grad=True)]
             base = runs[0]
         else:
-            base = trace_nodes(model, graph, ids, metric=metric, pairs=pairs)
-            given = _embeddings(model, donor_ids)
-            runs = [trace_nodes(model, graph, ids, metric=metric, pairs=pairs, grad=True, embeddings=(given, k / steps)) for k in range(steps)]
+            base = trace_nodes(model, graph, ids, metric=metric, pairs=pairs, positional=positional)
+            if method == "eap":
+                runs = [trace_nodes(model, graph, ids, metric=metric, pairs=pairs, grad=True)]
+            else:
+                given = _embeddings(model, donor_ids)
+                runs = [trace_nodes(model, graph, ids, metric=metric, pairs=pairs, grad=True, embeddings=(given, k / steps)) for k in range(steps)]
         clean_total += float(base.values.sum())
         difference = donor.outputs - base.outputs  # [batch, seq, sources, hidden]
         for column, v in enumerate(graph.destinations):
             gradient = sum(run.grads[v] for run in runs) / len(runs)
             upstream = graph.upstream[v]
             total[:upstream, column] += torch.einsum("btnd,btd->n", difference[:, :, :upstream], gradient)
+            for part in graph.parts:
+                if part.name in base.terms and graph.upstream[v] > graph.sources.index(part.sources[0]):
+                    change = donor.terms[part.name] - base.terms[part.name]  # [batch, t, s, heads, hidden]
+                    grid = torch.einsum("btshd,btd->sh", change, gradient)
+                    by_position[part.name, v] = by_position.get((part.name, v), 0) + grid
+    index, heads = {name: i for i, name in enumerate(graph.sources)}, graph.heads_of()
+    edges = graph.positional_edges(seq) if positional else graph.edges
     scores = []
-    index = {name: i for i, name in enumerate(graph.sources)}
-    for u, v in graph.edges:
-        scores.append(float(total[index[u], graph.destinations.index(v)]) * graph.factor(u, v) / count)
-    return EdgeGraph(graph, torch.tensor(scores), method=method, clean=clean_total / count, corrupt=corrupt_total / count)
+    for edge in edges:
+        u, v = edge[:2]
+        if positional and edge[2] is not None:
+            part, h = heads[u]
+            value = float(by_position[part, v][edge[2], h])
+        else:
+            value = float(total[index[u], graph.destinations.index(v)])
+        scores.append(value * graph.factor(u, v) / count)
+    return EdgeGraph(
+        graph, torch.tensor(scores), method=method, clean=clean_total / count, corrupt=corrupt_total / count, seq=seq if positional else None
+    )

@@ -22,7 +22,7 @@ import torch
 
 from ..core.errors import InvalidArgument, ShapeError
 from .graph import Circuit, EdgeGraph
-from .patching import prompt_ids, trace_nodes
+from .patching import NodeRun, prompt_ids, trace_nodes
 
 __all__ = ["Faithfulness", "FaithfulnessCurve", "faithfulness", "faithfulness_curve"]
 
@@ -77,20 +77,25 @@ def _metric_of(
 
     count = clean_ids.shape[0]
     step = batch_size or count
-    mean = None
+    mean, positional = None, circuits[0].seq is not None
     if ablation == "mean":
-        outputs = [trace_nodes(model, nodes, corrupt_ids[start : start + step]).outputs for start in range(0, corrupt_ids.shape[0], step)]
-        mean = torch.cat(outputs).mean(0, keepdim=True)
-    patches = [nodes.weights(circuit.complement()) for circuit in circuits]
+        runs = [trace_nodes(model, nodes, corrupt_ids[start : start + step], positional=positional) for start in range(0, corrupt_ids.shape[0], step)]
+        terms = {name: torch.cat([run.terms[name] for run in runs]).mean(0, keepdim=True) for name in runs[0].terms}
+        mean = NodeRun(torch.cat([run.outputs for run in runs]).mean(0, keepdim=True), None, None, {}, terms)
+    patches = [circuit.patches(circuit.complement()) for circuit in circuits]
     clean_total, totals = 0.0, [0.0] * len(circuits)
     bar = tqdm(total=len(range(0, count, step)) * len(circuits), desc="faithfulness", disable=not progress, leave=False)
     for start in range(0, count, step):
         pairs = torch.arange(start, min(start + step, count))
-        base = trace_nodes(model, nodes, clean_ids[pairs], metric=metric, pairs=pairs)
+        base = trace_nodes(model, nodes, clean_ids[pairs], metric=metric, pairs=pairs, positional=positional)
         clean_total += float(base.values.sum())
-        donor = mean if mean is not None else trace_nodes(model, nodes, corrupt_ids[pairs]).outputs
-        for i, patch in enumerate(patches):
-            run = trace_nodes(model, nodes, clean_ids[pairs], patch=patch, corrupt=donor, metric=metric, pairs=pairs) if patch else base
+        donor = mean if mean is not None else trace_nodes(model, nodes, corrupt_ids[pairs], positional=positional)
+        for i, (whole, terms) in enumerate(patches):
+            run = base
+            if whole or terms:
+                run = trace_nodes(
+                    model, nodes, clean_ids[pairs], patch=whole, patch_terms=terms, corrupt=donor, metric=metric, pairs=pairs, positional=positional
+                )
             totals[i] += float(run.values.sum())
             bar.update(1)
     bar.close()
@@ -105,7 +110,7 @@ def faithfulness(
     if not isinstance(circuit, Circuit):
         raise InvalidArgument(f"faithfulness takes a Circuit (graph.circuit(fraction)), got {type(circuit).__name__}")
     clean_ids, corrupt_ids = _pairs(model, clean, corrupt, ablation)
-    empty = Circuit(circuit.nodes, [])
+    empty = Circuit(circuit.nodes, [], circuit.seq)
     clean_value, (inside, outside) = _metric_of(model, circuit.nodes, clean_ids, corrupt_ids, metric, [circuit, empty], ablation, batch_size)
     return Faithfulness(clean_value, outside, inside, len(circuit))
 
@@ -124,7 +129,7 @@ def faithfulness_curve(
     """`faithfulness` of ``graph.circuit(fraction)`` for each of ``fractions`` (one clean, one corrupt and one
     patched run per circuit and batch), with a tqdm bar over the circuits."""
     clean_ids, corrupt_ids = _pairs(model, clean, corrupt, ablation)
-    circuits = [graph.circuit(fraction=f) for f in fractions] + [Circuit(graph.nodes, [])]
+    circuits = [graph.circuit(fraction=f) for f in fractions] + [Circuit(graph.nodes, [], graph.seq)]
     clean_value, values = _metric_of(model, graph.nodes, clean_ids, corrupt_ids, metric, circuits, ablation, batch_size, progress)
     recovered = [Faithfulness(clean_value, values[-1], value, len(c)).recovered for c, value in zip(circuits[:-1], values)]
     return FaithfulnessCurve([len(c) for c in circuits[:-1]], list(fractions), recovered, len(graph.edges))

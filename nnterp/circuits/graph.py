@@ -13,8 +13,12 @@ patches away.
       "clean": float, "corrupt": float,      # the metric, averaged over the pairs, on each prompt
       "nodes": [{"name": "a3.h1", "kind": "attention_head", "layer": 3}, ...],   # sources, forward order
       "destinations": [{"name": "a3", "kind": "attention", "layer": 3}, ..., {"name": "logits", ...}],
+      "positional": bool,
       "edges": [{"source": "a3.h1", "destination": "mlp3", "score": float}, ...]  # graph.edges order
     }
+
+in a positional graph each edge has ``"position"`` too: the source position ``s`` of a head's term, ``null``
+for the embeddings and an MLP.
 
 node kinds: ``"embed"``, ``"attention_head"``, ``"attention"``, ``"mixer_head"``, ``"mixer"``, ``"mlp"``;
 destination kinds: ``"attention"``, ``"mixer"``, ``"mlp"``, ``"logits"``.
@@ -46,11 +50,22 @@ def _count(total: int, k: Any, fraction: Any) -> int:
 
 
 class Circuit:
-    """A set of edges of a graph (``edges``: ``[(source, destination), ...]``) and the graph's `NodeMap` (``nodes``)."""
+    """A set of edges of a graph (``edges``: ``[(source, destination), ...]``, or ``(source, destination, s)`` in a
+    positional graph of prompts ``seq`` tokens long) and the graph's `NodeMap` (``nodes``)."""
 
-    def __init__(self, nodes: NodeMap, edges: list) -> None:
-        nodes.edge_mask(edges)  # every edge must be one of the graph's
-        self.nodes, self.edges = nodes, list(edges)
+    def __init__(self, nodes: NodeMap, edges: list, seq: int | None = None) -> None:
+        self.nodes, self.edges, self.seq = nodes, [tuple(edge) for edge in edges], seq
+        self.patches(self.edges)  # every edge must be one of the graph's
+
+    def all_edges(self) -> list:
+        """Every edge of the circuit's graph."""
+        return self.nodes.edges if self.seq is None else self.nodes.positional_edges(self.seq)
+
+    def patches(self, edges: list) -> tuple:
+        """``(whole, terms)``: the weights `nnterp.circuits.patching.trace_nodes` patches ``edges`` with."""
+        if self.seq is None:
+            return self.nodes.weights(edges), {}
+        return self.nodes.positional_weights(edges, self.seq)
 
     def __len__(self) -> int:
         return len(self.edges)
@@ -61,18 +76,19 @@ class Circuit:
     def complement(self) -> list:
         """The graph's edges not in the circuit, in graph order."""
         inside = set(self.edges)
-        return [edge for edge in self.nodes.edges if edge not in inside]
+        return [edge for edge in self.all_edges() if edge not in inside]
 
     def __repr__(self) -> str:
-        return f"Circuit({len(self.edges)} of {len(self.nodes.edges)} edges)"
+        return f"Circuit({len(self.edges)} of {len(self.all_edges())} edges)"
 
 
 class EdgeGraph:
     """Scores of every edge (module docstring). Attributes: ``nodes`` (`NodeMap`), ``edges``, ``scores`` ``[edges]``,
     ``method``, ``clean`` / ``corrupt`` (the metric on each prompt, averaged over the pairs)."""
 
-    def __init__(self, nodes: NodeMap, scores: torch.Tensor, method: str, clean: float, corrupt: float) -> None:
-        self.nodes, self.edges, self.scores = nodes, nodes.edges, scores
+    def __init__(self, nodes: NodeMap, scores: torch.Tensor, method: str, clean: float, corrupt: float, seq: int | None = None) -> None:
+        self.nodes, self.seq, self.scores = nodes, seq, scores
+        self.edges = nodes.edges if seq is None else nodes.positional_edges(seq)
         self.method, self.clean, self.corrupt = method, clean, corrupt
 
     def order(self) -> list:
@@ -88,11 +104,11 @@ class EdgeGraph:
         """The `Circuit` of the top ``fraction`` (or ``k``) of the edges by size of score."""
         if fraction is None and k is None:
             raise InvalidArgument("graph.circuit takes fraction= (a share of the edges, 0..1) or k= (a number of edges)")
-        return Circuit(self.nodes, [(u, v) for u, v, _ in self.top(k=k, fraction=fraction)])
+        return Circuit(self.nodes, [edge[:-1] for edge in self.top(k=k, fraction=fraction)], self.seq)
 
-    def score(self, source: str, destination: str) -> float:
-        """The score of one edge."""
-        return float(self.scores[self.edges.index((source, destination))])
+    def score(self, *edge: Any) -> float:
+        """The score of one edge: ``graph.score(source, destination)`` (``, s`` in a positional graph)."""
+        return float(self.scores[self.edges.index(tuple(edge))])
 
     def to_json(self) -> dict:
         """The graph as a JSON-serializable dict (schema in the module docstring)."""
@@ -112,7 +128,11 @@ class EdgeGraph:
             "destinations": [
                 {"name": v, "kind": kinds[v].kind if v in kinds else "logits", "layer": self.nodes.layers[v]} for v in self.nodes.destinations
             ],
-            "edges": [{"source": u, "destination": v, "score": float(s)} for (u, v), s in zip(self.edges, self.scores)],
+            "positional": self.seq is not None,
+            "edges": [
+                {"source": edge[0], "destination": edge[1], **({"position": edge[2]} if self.seq is not None else {}), "score": float(s)}
+                for edge, s in zip(self.edges, self.scores)
+            ],
         }
 
     def dumps(self) -> str:

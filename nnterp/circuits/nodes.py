@@ -98,6 +98,35 @@ class NodeMap:
     layers: dict = field(default_factory=dict)
     halve_every: int = 0
 
+    def heads_of(self) -> dict:
+        """``{source: (part name, head index)}`` for every head of an attention layer or mixer (the sources a
+        positional edge splits)."""
+        return {u: (part.name, h) for part in self.parts if part.kind != "mlp" for h, u in enumerate(part.sources)}
+
+    def positional_edges(self, seq: int) -> list:
+        """Every edge split by source position: ``(source, destination, s)`` for a head (``s`` in ``0 .. seq − 1``),
+        ``(source, destination, None)`` for the embeddings and an MLP; destinations in forward order."""
+        heads = self.heads_of()
+        return [(u, v, s) for u, v in self.edges for s in (range(seq) if u in heads else [None])]
+
+    def positional_weights(self, edges: Any, seq: int) -> tuple:
+        """``(whole, terms)``: `weights` of the edges with no position, and ``{destination: {part: [seq, heads]}}``
+        for the positional ones, each its `factor`."""
+        heads, whole, terms = self.heads_of(), [], {}
+        for edge in edges:
+            u, v, s = edge
+            if s is None:
+                whole.append((u, v))
+                continue
+            if u not in heads or not 0 <= s < seq:
+                raise InvalidArgument(f"{edge!r} is not a positional edge: a head of this graph and a source position in 0..{seq - 1}")
+            self.edge_mask([(u, v)])
+            part, h = heads[u]
+            count = next(p.heads for p in self.parts if p.name == part)
+            grid = terms.setdefault(v, {}).setdefault(part, torch.zeros(seq, count))
+            grid[s, h] = self.factor(u, v)
+        return self.weights(whole), terms
+
     def factor(self, source: str, destination: str) -> float:
         """How much of ``source``'s output reaches ``destination``'s input (1.0 but where the stream is halved)."""
         if not self.halve_every:

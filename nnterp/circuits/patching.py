@@ -26,6 +26,7 @@ import torch
 from ..core.errors import InvalidArgument, ShapeError, WrongType
 from ..recurrent.no_cache import run_kwargs
 from .nodes import NodeMap, node_map
+from .positional import head_terms, read_core
 
 __all__ = ["patch_edges", "trace_nodes", "prompt_ids", "NodeRun"]
 
@@ -38,10 +39,13 @@ class NodeRun:
         logits: ``[batch, seq, vocab]``, float32, detached.
         values: ``[batch]``, the metric of each row (``None`` without a metric).
         grads: ``{destination: [batch, seq, hidden]}``, the metric's gradient by the destination's input (with ``grad=True``).
+        terms: ``{part: [batch, seq, seq, heads, hidden]}``, each head's term of target ``t``, source ``s``
+            (with ``positional=True``; `nnterp.circuits.positional`).
     """
 
-    def __init__(self, outputs: torch.Tensor, logits: torch.Tensor, values: Any, grads: dict) -> None:
+    def __init__(self, outputs: torch.Tensor, logits: torch.Tensor, values: Any, grads: dict, terms: dict | None = None) -> None:
         self.outputs, self.logits, self.values, self.grads = outputs, logits, values, grads
+        self.terms = terms or {}
 
 
 def prompt_ids(model: Any, prompts: Any, what: str) -> torch.Tensor:
@@ -96,18 +100,27 @@ def trace_nodes(
     pairs: torch.Tensor | None = None,
     grad: bool = False,
     embeddings: tuple | None = None,
+    positional: bool = False,
+    patch_terms: dict | None = None,
 ) -> NodeRun:
     """One run of ``ids`` reading every node's output, with ``patch`` (``{destination: weight per upstream
     source}``, `NodeMap.weights`) patched to ``corrupt`` (``[batch or 1, seq, sources, hidden]``).
 
     ``grad=True``: the metric's gradient by every destination's input (``metric`` required). ``embeddings``:
     ``(corrupt_embeddings, alpha)``, the embeddings' output replaced by ``corrupt + alpha · (own − corrupt)``.
+    ``positional=True``: every head's per-source terms read too (`nnterp.circuits.positional`), in ``terms``;
+    ``patch_terms`` (``{destination: {part: weight [seq, heads]}}``) patches positional edges, with ``corrupt``
+    then a `NodeRun` with terms.
     """
-    masks = patch or {}
-    if masks and corrupt is None:
+    masks, positional_masks = patch or {}, patch_terms or {}
+    donor_terms = getattr(corrupt, "terms", {})
+    if isinstance(corrupt, NodeRun):
+        corrupt = corrupt.outputs
+    if (masks or positional_masks) and corrupt is None:
         raise InvalidArgument("trace_nodes: a patch needs the corrupt outputs")
     run = dict(run_kwargs(model), **(model.family.BACKWARD_KWARGS if grad else {}))
     found: list = []
+    terms: dict = {}
     leaves: dict = {}
     saved: dict = {}
     context = torch.enable_grad() if grad else torch.no_grad()
@@ -128,6 +141,9 @@ def trace_nodes(
                 now = torch.cat(found, 2)[:, :, :count]
                 weight = masks[v].to(x.device)
                 edited = edited + torch.einsum("btnd,n->btd", corrupt[:, :, :count].to(x.device) - now, weight).to(x.dtype)
+            for name, weight in positional_masks.get(v, {}).items():
+                difference = donor_terms[name].to(x.device) - terms[name]
+                edited = edited + torch.einsum("btshd,sh->btd", difference, weight.to(x.device)).to(x.dtype)
             if grad:
                 leaf = torch.zeros_like(x, requires_grad=True)
                 leaves[v] = leaf
@@ -144,14 +160,22 @@ def trace_nodes(
                 if part.post_norm is not None:
                     out = block._child_map[part.post_norm].output.unsqueeze(2)
             else:
+                core = read_core(envoy, part.kind) if positional else None
                 projection = envoy._child_map[part.projection]
-                out = _head_shares(projection._module, projection.input, part.heads)
+                projected = projection.input
+                out = _head_shares(projection._module, projected, part.heads)
+                if core is not None:
+                    weight = projection._module.weight
+                    terms[part.name] = head_terms(*core, projected, weight) * nodes.scale
                 if part.post_norm is not None:
                     post = block._child_map[part.post_norm]
                     before, after = post.input, post.output
                     # The norm's factor of this run, per element: the shares scale by it and still sum to its output.
                     safe = torch.where(before == 0, torch.ones_like(before), before)
-                    out = out * torch.where(before == 0, torch.zeros_like(before), after / safe).unsqueeze(2)
+                    factor = torch.where(before == 0, torch.zeros_like(before), after / safe).float()
+                    out = out * factor.unsqueeze(2)
+                    if core is not None:
+                        terms[part.name] = terms[part.name] * factor[:, :, None, None]
             found.append((out * nodes.scale).detach().float())
         read("logits", model.ln_final)
         logits = model.logits
@@ -165,8 +189,9 @@ def trace_nodes(
             if grad:
                 values.sum().backward(inputs=list(leaves.values()))
         saved["outputs"] = torch.cat(found, 2).save()
+        saved["terms"] = {name: value.detach() for name, value in terms.items()}
     grads = {v: leaf.grad.float() for v, leaf in leaves.items()} if grad else {}
-    return NodeRun(saved["outputs"], saved["logits"], saved.get("values"), grads)
+    return NodeRun(saved["outputs"], saved["logits"], saved.get("values"), grads, saved["terms"])
 
 
 def patch_edges(
