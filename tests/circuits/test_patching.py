@@ -95,11 +95,11 @@ def test_one_edge_patched_is_the_plain_models_hooked_patch(model_type, load, pla
     layer = next(i for i, block in enumerate(model.layers) if block.self_attn is not None)
     last = len(model.layers) - 1
     cases = [
-        (("a%d.h1" % layer, "logits"), plain.model.norm),
-        (("a%d.h0" % layer, "mlp%d" % layer), plain.model.layers[layer].post_attention_layernorm),
+        ((f"a{layer}.h1", "logits"), plain.model.norm),
+        ((f"a{layer}.h0", f"mlp{layer}"), plain.model.layers[layer].post_attention_layernorm),
     ]
     if layer < last:
-        cases.append((("a%d.h1" % layer, "mlp%d" % last), plain.model.layers[last].post_attention_layernorm))
+        cases.append(((f"a{layer}.h1", f"mlp{last}"), plain.model.layers[last].post_attention_layernorm))
     for edge, norm in cases:
         head = int(edge[0].split(".h")[1])
         want = _hooked(plain, clean, corrupt, layer, head, norm)
