@@ -15,13 +15,16 @@ left-padded), in batches of ``--batch``. Interleaved repeats
 
 1. plain batched forwards: the plain transformers model on each tokenized batch (the baseline);
 2. `collect` of every recurrent layer's ``state_output`` (a folder per repeat, removed after it);
-3. `collect` of every recurrent layer's ``states``, ``factorized=True`` (``--checkpoint-every``).
+3. `collect` of every recurrent layer's ``states``, ``factorized=True`` (``--checkpoint-every``);
+4. the same with ``factorized="inputs"`` (the mixer's inputs, the arguments recomputed through the weights on reading).
 
 A row's throughput is prompts per second; its ratio is the baseline's median
 time over its median (issue 26's targets: ≥ 0.8x and ≥ 0.5x), ``[min, max]``
 of the paired repeats beside it. Memory: the process's peak RSS above its
 level before one more call of each (`timing.peak_rss`), and the bytes the
-store holds per prompt. ``--page`` replaces the page's section between the
+store holds per prompt, and for the factorized rows their fraction of the
+float32 states they stand for (issue 26's storage bound: ``1/key_dim`` plus
+the checkpoints). ``--page`` replaces the page's section between the
 markers `SECTION` and `END` (`benchmarks/run.py` keeps it); without it the
 section is printed.
 """
@@ -42,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SECTION = "<!-- store: made by benchmarks/store.py; do not edit by hand -->"
 END = "<!-- /store -->"
-TARGETS = {"state_output": 0.8, "factorized": 0.5}
+TARGETS = {"state_output": 0.8, "factorized": 0.5, "inputs": 0.5}
 
 
 def parse(argv: list) -> argparse.Namespace:
@@ -79,6 +82,7 @@ def main(argv: list | None = None) -> str:
     states = [f"layers.{i}.linear_attn.states" for i in layers]
     scratch = Path(tempfile.mkdtemp(prefix="nnterp-store-bench-"))
     sizes: dict = {}
+    tokens: list = []  # tokens per prompt, from a store's index
 
     def forwards() -> None:
         with torch.no_grad():
@@ -90,6 +94,7 @@ def main(argv: list | None = None) -> str:
             folder = scratch / name
             store = nnterp.collect(model, prompts, folder, values, batch_size=args.batch, resume=False, progress=False, **kwargs)
             sizes[name] = sum(p.stat().st_size for p in folder.iterdir()) / len(store)
+            tokens[:] = [sum(p["length"] for p in store.manifest["prompts"]) / len(store)]
             shutil.rmtree(folder)
 
         return run
@@ -111,12 +116,17 @@ def main(argv: list | None = None) -> str:
         timed("collect, state_output of every recurrent layer", collecting("state_output", outputs)),
         timed(f"collect, states of every recurrent layer, factorized (checkpoint_every={args.checkpoint_every})",
               collecting("factorized", states, factorized=True, checkpoint_every=args.checkpoint_every)),
+        timed(f"collect, states of every recurrent layer, factorized='inputs' (checkpoint_every={args.checkpoint_every})",
+              collecting("inputs", states, factorized="inputs", checkpoint_every=args.checkpoint_every)),
     ]
     interleave(methods, args.reps)
     memory = [peak_rss(method.run)[0] for method in methods]
     for method in methods:
         method.cpu = cpu[method.name][: len(method.times)]
     shutil.rmtree(scratch, ignore_errors=True)
+    # The float32 states a factorized row stands for: every token's, in every recurrent layer.
+    state = 4 * config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim
+    sizes["states"] = tokens[0] * len(layers) * state
     text = render(args, config, methods, memory, sizes, len(layers), time.time() - started, summary)
     if args.page:
         replace_section(Path(args.page), text)
@@ -157,19 +167,20 @@ def render(args, config, methods: list, memory: list, sizes: dict, recurrent: in
     base_cpu = statistics.median(base.cpu)
     rows = [
         "| call | prompts/s of CPU time | throughput vs plain forwards, CPU time | wall clock | peak RSS above the start | "
-        "store on disk per prompt | target (CPU time) |",
-        "|---|---|---|---|---|---|---|",
-        f"| {base.name} | {args.prompts / base_cpu:.1f} | 1.00 | 1.00 | {memory[0] / 2**20:.0f} MiB | – | – |",
+        "store on disk per prompt | of the states (1/key_dim) | target (CPU time) |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {base.name} | {args.prompts / base_cpu:.1f} | 1.00 | 1.00 | {memory[0] / 2**20:.0f} MiB | – | – | – |",
     ]
-    for method, peak, key in zip(methods[1:], memory[1:], ("state_output", "factorized")):
+    for method, peak, key in zip(methods[1:], memory[1:], ("state_output", "factorized", "inputs")):
         wall = summary(method, base)
         ratio = base_cpu / statistics.median(method.cpu)
         paired = [b / m for b, m in zip(base.cpu, method.cpu)]
         met = "met" if ratio >= TARGETS[key] else "**missed**"
+        fraction = "–" if key == "state_output" else f"{sizes[key] / sizes['states']:.4f} ({1 / config.linear_key_head_dim:.4f})"
         rows.append(
             f"| {method.name} | {args.prompts / statistics.median(method.cpu):.1f} | **{ratio:.2f}** [{min(paired):.2f}, {max(paired):.2f}] "
             f"| {1 / wall['ratio']:.2f} [{1 / wall['max']:.2f}, {1 / wall['min']:.2f}] | {peak / 2**20:.0f} MiB | {sizes[key] / 2**10:.0f} KiB "
-            f"| ≥ {TARGETS[key]}x: {met} |"
+            f"| {fraction} | ≥ {TARGETS[key]}x: {met} |"
         )
     return "\n".join([
         SECTION,
@@ -184,7 +195,8 @@ def render(args, config, methods: list, memory: list, sizes: dict, recurrent: in
         "call's, `[min, max]` of the paired repeats, in the process's CPU time (the work done; the target is judged on "
         "it) and in wall-clock time (which also counts the other processes sharing the core, and the waits for the "
         f"disk: load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end of this run). Peak RSS: one "
-        "more call of each, above the process's RSS before it.",
+        "more call of each, above the process's RSS before it. Of the states: the store's bytes (its checkpoints, "
+        f"one state per {args.checkpoint_every} tokens, included) over the float32 states of every token it stands for.",
         "",
         *rows,
         "",

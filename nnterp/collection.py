@@ -50,7 +50,7 @@ from . import __version__
 from .core import indices
 from .core.errors import InvalidArgument, Unavailable, WrongType
 from .recurrent import replay
-from .store import FORMAT, StateStore, StoreWriter
+from .store import StateStore, StoreWriter, model_name
 
 #: Where a component's values are read in a layer's forward (`collect` orders reads by it).
 COMPONENT_ORDER = {"layer_input": 0, "self_attn": 1, "linear_attn": 1, "mlp": 2, "layer_output": 3}
@@ -59,7 +59,7 @@ COMPONENT_ORDER = {"layer_input": 0, "self_attn": 1, "linear_attn": 1, "mlp": 2,
 class Value:
     """One named value to collect: the envoy that serves it, its name there, and its token axis (``None``: none)."""
 
-    def __init__(self, model: Any, name: str, factorized: bool = False) -> None:
+    def __init__(self, model: Any, name: str, factorized: bool | str = False) -> None:
         if not isinstance(name, str):
             raise WrongType(f"`collect`: a value is named by a string ('layers.0.linear_attn.state_output'), got {type(name).__name__}")
         self.name = name
@@ -73,12 +73,17 @@ class Value:
         if owner is None:
             raise InvalidArgument(f"`collect`: {name!r}: this layer has no {parts[-2]!r} (see model.support())")
         self.owner, self.attribute = owner, parts[-1]
-        self.spec = None
+        self.spec, self.inputs, self.lookback = None, False, 0
         declared = type(owner).values() if hasattr(type(owner), "values") else {}
         if factorized and self.attribute == "states" and "effective_attention" in declared:
             # Stored as the kernel's arguments: served wherever the kernel call is (its effective attention's condition).
-            self.spec = replay.spec_of(owner, f"`collect(..., factorized=True)` of {name!r}")
+            self.spec = replay.spec_of(owner, f"`collect(..., factorized={factorized!r})` of {name!r}")
             declared = {"states": declared["effective_attention"]}
+            self.inputs = factorized == "inputs"
+            refused = replay.unrecomputable(owner.hf_module()) if self.inputs else None
+            if refused is not None:
+                raise Unavailable(f"`collect(..., factorized='inputs')` of {name!r}", refused)
+            self.lookback = replay.lookback(owner.hf_module()) if self.inputs else 0
         descriptor = declared.get(self.attribute, getattr(type(owner), self.attribute, None))
         if descriptor is None or not hasattr(descriptor, "reason"):
             raise InvalidArgument(f"`collect`: {name!r} is not a value nnterp serves (see model.support() for what each layer has)")
@@ -97,7 +102,7 @@ class Value:
 
 def collect(
     model: Any, prompts: Iterable[str], path: str | os.PathLike, values: list[str], positions: Any = None, batch_size: int = 8,
-    resume: bool = True, remote: bool = False, progress: bool = True, factorized: bool = False, checkpoint_every: int = 64,
+    resume: bool = True, remote: bool = False, progress: bool = True, factorized: bool | str = False, checkpoint_every: int = 64,
     **trace_kwargs: Any,
 ) -> StateStore:
     """Write ``values`` (names as `nnterp.store` lists them) of every prompt at ``positions`` into a store at ``path``.
@@ -110,7 +115,10 @@ def collect(
     writes (every token's kernel arguments the states are computed from, and the state after every
     ``checkpoint_every``-th token: `nnterp.recurrent.replay`), read back by ``store.state(i, layer, t)`` /
     ``store.states(i, layer, positions)``, each from the checkpoint before it (``positions`` does not apply to
-    it); locally only.
+    it); locally only. ``factorized="inputs"`` keeps the mixer's input instead of the kernel's arguments (``hidden``
+    numbers a token in the model's dtype, a fraction of those on a DeltaNet: the reference page's formula), and a
+    replay recomputes the arguments by running the layer's mixer on them: the store reads those states only when
+    opened with the model (``StateStore(path, model=model)``; the store returned is).
     Returns the store, opened (`StateStore`). The module docstring says how a killed run resumes.
     """
     what = "collect"
@@ -122,15 +130,17 @@ def collect(
         raise InvalidArgument(f"`{what}`: values is a non-empty list of names, e.g. ['layers.0.linear_attn.state_output']")
     if positions is not None and not callable(positions):
         indices.selection(positions, 1 << 30, f"`{what}` positions")  # the types only: each prompt checks its range
+    if not (factorized is True or factorized is False or factorized == "inputs"):
+        raise InvalidArgument(f"`{what}`: factorized is False, True (the kernel's arguments) or 'inputs' (the mixer's inputs), got {factorized!r}")
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
         raise InvalidArgument(f"`{what}`: checkpoint_every is a positive int, got {checkpoint_every!r}")
     reads = sorted((Value(model, name, factorized) for name in dict.fromkeys(values)), key=lambda value: value.order)
     if remote and any(value.spec is not None for value in reads):
         raise InvalidArgument(f"`{what}`: factorized=True runs locally (it reads the kernel's arguments as they are): pass remote=False")
     header = {
-        "format": FORMAT, "model": _model_name(model), "revision": getattr(model._module.config, "_commit_hash", None),
+        "format": 2 if any(value.inputs for value in reads) else 1, "model": model_name(model), "revision": getattr(model._module.config, "_commit_hash", None),
         "nnterp": __version__, "values": [value.name for value in reads], "positions": _describe(positions),
-        "batch_size": batch_size, "factorized": {v.name: {"spec": v.spec.name, "checkpoint_every": checkpoint_every} for v in reads if v.spec},
+        "batch_size": batch_size, "factorized": {v.name: _factorized(v, checkpoint_every) for v in reads if v.spec},
     }
     writer = StoreWriter(path, header, resume)
     done = writer.listed
@@ -154,7 +164,7 @@ def collect(
                 record["sha256"] = digest
             writer.add(shard, tensors, records)
             bar.update(len(batch))
-    return writer.finish()
+    return writer.finish(model)
 
 
 def _run_batch(model: Any, tokenizer: Any, batch: list, reads: list, positions: Any, first: int, remote: bool, every: int, kwargs: dict) -> tuple:
@@ -170,11 +180,13 @@ def _run_batch(model: Any, tokenizer: Any, batch: list, reads: list, positions: 
         records.append({"length": int(real.numel()), "positions": chosen})
         rows.append(real[chosen].tolist())
     # Plain data and envoys only inside the trace: on NDIF the block runs where nnterp's classes are not.
-    plan = [(value.name, value.owner, value.attribute, value.token_axis, value.spec is not None) for value in reads]
+    plan = [(value.name, value.owner, value.attribute, value.token_axis, value.spec is not None, value.inputs) for value in reads]
     count = len(batch)
     with torch.no_grad(), model.trace(dict(encoded), remote=remote, **kwargs):
         saved = nnsight.save({})
-        for name, owner, attribute, axis, arguments in plan:
+        for name, owner, attribute, axis, arguments, inputs in plan:
+            if inputs:
+                saved[f"{name}/inputs"] = owner.input.detach().to("cpu").clone()
             if arguments:
                 saved[name] = {key: replay.kept(x) for key, x in replay.arguments_of(owner).items()}
                 continue
@@ -192,7 +204,8 @@ def _run_batch(model: Any, tokenizer: Any, batch: list, reads: list, positions: 
                 tensors[f"{i}/{value.name}"] = saved[value.name][row].detach().to("cpu").contiguous().clone()
                 continue
             factorized = replay.from_served(value.spec, saved[value.name], row, reals[row], every)
-            tensors.update(factorized.tensors(f"{i}/{value.name}"))
+            inputs = saved[f"{value.name}/inputs"][row, reals[row]].clone() if value.inputs else None
+            tensors.update(factorized.tensors(f"{i}/{value.name}", inputs))
             parts[value.name] = {
                 "tokens": sorted(factorized.tokens), "plain": factorized.plain(),
                 "shared": sorted(n for n, x in factorized.shared.items() if isinstance(x, torch.Tensor)),
@@ -231,6 +244,12 @@ def _trailing(tensors: dict, first: int, value: Value) -> dict:
     return {"shape": shape, "dtype": str(tensor.dtype).removeprefix("torch."), "token_axis": value.token_axis is not None}
 
 
+def _factorized(value: Value, every: int) -> dict:
+    """A factorized value's entry in the manifest (a store of its arguments keeps the keys of the first format)."""
+    entry = {"spec": value.spec.name, "checkpoint_every": every}
+    return entry | {"stores": "inputs", "lookback": value.lookback} if value.inputs else entry
+
+
 def _hash(prompt: str) -> str:
     return hashlib.sha256(prompt.encode()).hexdigest()
 
@@ -243,5 +262,3 @@ def _describe(positions: Any) -> Any:
     return [int(p) for p in (positions.tolist() if isinstance(positions, torch.Tensor) else positions)]
 
 
-def _model_name(model: Any) -> str:
-    return str(getattr(model._module.config, "_name_or_path", "") or getattr(model, "repo_id", ""))

@@ -36,8 +36,11 @@ from .recurrent import replay
 MANIFEST = "manifest.json"
 #: The shards written, one JSON line each: ``{"shard": name, "prompts": [{"length", "positions", "sha256"}, ...]}``.
 INDEX = "prompts.jsonl"
-#: The store's layout version; a store of another version is refused.
-FORMAT = 1
+#: The layout versions this nnterp reads: 1, every value stored as read (a factorized one as its kernel's arguments);
+#: 2, a factorized value kept as its mixer's inputs (``factorized="inputs"``, whose entry in the manifest says so). A
+#: store is written at the lowest version that holds it, so an older nnterp still opens what it can read; a store of
+#: a version not listed is refused.
+FORMATS = (1, 2)
 
 
 class StoreWriter:
@@ -89,10 +92,10 @@ class StoreWriter:
             os.fsync(handle.fileno())
         self.listed.extend(record | {"shard": name} for record in records)
 
-    def finish(self) -> StateStore:
+    def finish(self, model: Any = None) -> StateStore:
         self.manifest["complete"] = True
         self.write_manifest()
-        return StateStore(self.folder)
+        return StateStore(self.folder, model)
 
     def write_manifest(self) -> None:
         _replace(self.folder / MANIFEST, lambda target: target.write_text(json.dumps(self.manifest, indent=1)))
@@ -105,16 +108,26 @@ class StateStore:
     ``store.positions(i)``, in the order selected) and the value's own shape without the batch axis otherwise;
     ``stack(name)`` stacks one value over every prompt (equal shapes: one position per prompt, or whole values).
     Tensors are read lazily, one at a time, from their shard.
+
+    ``model``: the model the store was collected from (its name as the manifest keeps it), needed only to read a
+    factorized value kept as its mixer's inputs (``factorized="inputs"``): its layer's mixer recomputes the
+    kernel's arguments from them (`nnterp.recurrent.replay.FromInputs`).
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, model: Any = None) -> None:
         self.path = Path(path)
         target = self.path / MANIFEST
         if not target.is_file():
             raise FileNotFoundError(f"no store at {self.path}: {MANIFEST} is missing (nnterp.collect writes one)")
         self.manifest = json.loads(target.read_text())
-        if self.manifest.get("format") != FORMAT:
-            raise InvalidArgument(f"the store at {self.path} has format {self.manifest.get('format')!r}; this nnterp reads format {FORMAT}")
+        if self.manifest.get("format") not in FORMATS:
+            raise InvalidArgument(
+                f"the store at {self.path} has format {self.manifest.get('format')!r}; this nnterp reads formats {list(FORMATS)}: "
+                "open it with the nnterp version that wrote it (the manifest's 'nnterp')"
+            )
+        if model is not None and model_name(model) != self.manifest.get("model"):
+            raise InvalidArgument(f"the store at {self.path} was collected from {self.manifest.get('model')!r}, not {model_name(model)!r}: pass that model")
+        self.model = model
         self.manifest["prompts"] = listed(self.path)[0]
         # Each factorized value's fast spec, found once by the name the manifest keeps.
         self.specs = {name: SPECS[entry["spec"]] for name, entry in self.manifest.get("factorized", {}).items()}
@@ -168,8 +181,20 @@ class StateStore:
     def _replayed(self, i: int, name: str, positions: list[int]) -> torch.Tensor:
         entry = self.manifest["factorized"][name] | self.manifest["arguments"][name]
         record = self._record(i)
+        mixer = None
+        if entry.get("stores") == "inputs":
+            if self.model is None:
+                raise InvalidArgument(
+                    f"the store at {self.path} keeps {name!r} as its mixer's inputs, replayed through the model's weights: "
+                    "open it with StateStore(path, model=model)"
+                )
+            if not getattr(self.model, "dispatched", True):
+                self.model.dispatch()  # a mixer traced alone runs on the loaded weights
+            mixer = self.model
+            for part in name.split(".")[:-1]:
+                mixer = mixer[int(part)] if part.isdigit() else getattr(mixer, part)
         with safe_open(str(self.path / record["shard"]), framework="pt") as shard:
-            found = replay.loaded(self.specs[name], shard, f"{record['index']}/{name}", entry, record["length"])
+            found = replay.loaded(self.specs[name], shard, f"{record['index']}/{name}", entry, record["length"], mixer)
             return found.states(positions)
 
     def stack(self, name: str) -> torch.Tensor:
@@ -192,6 +217,11 @@ class StateStore:
     def __repr__(self) -> str:
         state = "complete" if self.complete else "interrupted"
         return f"StateStore({str(self.path)!r}: {len(self)} prompts, {len(self.values)} values, {state})"
+
+
+def model_name(model: Any) -> str:
+    """The name a store keeps of ``model``: its checkpoint's path or hub id."""
+    return str(getattr(model._module.config, "_name_or_path", "") or getattr(model, "repo_id", ""))
 
 
 def listed(folder: Path) -> tuple[list[dict], int]:

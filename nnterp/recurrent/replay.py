@@ -30,6 +30,11 @@ The checkpoints are computed by the same replay from the stored arguments, so
 a replayed state is the spec's state of the stored arguments: within float32
 rounding of the live one.
 
+A store may keep the mixer's inputs instead of the token arguments
+(``collect(..., factorized="inputs")``): `FromInputs` recomputes a stretch's
+arguments by running the mixer on them, which needs the model (section
+"recomputed from the mixer's inputs" below).
+
 A left-padded row: its prompt's tokens are stored, and ``start`` is the state
 after the padding (the spec run over the padding's arguments from the call's
 entering state), so a family whose model runs the padding through the
@@ -39,8 +44,10 @@ computed it; on a family that masks the padding it is zeros and not stored.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
+import nnsight
 import torch
 
 from ..core.errors import Unavailable
@@ -122,9 +129,13 @@ class Factorized:
                 found[lo + offset] = state
         return torch.stack([found[t] for t in positions])
 
-    def tensors(self, prefix: str) -> dict:
-        """What a shard keeps of it, under ``prefix``: the token arguments, the shared tensors, the start, the checkpoints."""
-        found = {f"{prefix}/tokens/{name}": value.contiguous() for name, value in self.tokens.items()}
+    def tensors(self, prefix: str, inputs: torch.Tensor | None = None) -> dict:
+        """What a shard keeps of it, under ``prefix``: the token arguments (or, given, the mixer's ``inputs`` they are
+        recomputed from: `FromInputs`), the shared tensors, the start, the checkpoints."""
+        if inputs is None:
+            found = {f"{prefix}/tokens/{name}": value.contiguous() for name, value in self.tokens.items()}
+        else:
+            found = {f"{prefix}/inputs": inputs.contiguous()}
         found.update({f"{prefix}/shared/{name}": value.contiguous() for name, value in self.shared.items() if isinstance(value, torch.Tensor)})
         if self.start is not None:
             found[f"{prefix}/start"] = self.start.contiguous()
@@ -172,11 +183,86 @@ def from_served(spec: FastSpec, served: dict, row: int, real: torch.Tensor, ever
     return Factorized(spec, tokens, shared, every, int(real.numel()), start)
 
 
-def loaded(spec: FastSpec, shard: Any, prefix: str, entry: dict, seq: int) -> Factorized:
+def loaded(spec: FastSpec, shard: Any, prefix: str, entry: dict, seq: int, mixer: Any = None) -> Factorized:
     """A `Factorized` back from an open shard (``safe_open``'s) and the manifest's ``entry``: only the shared
-    arguments and the start are read now; the tokens and the checkpoints as the slices a replay reads."""
-    tokens = {name: shard.get_slice(f"{prefix}/tokens/{name}") for name in entry["tokens"]}
+    arguments and the start are read now; the tokens and the checkpoints as the slices a replay reads (a store of the
+    mixer's inputs: the tokens recomputed by ``mixer`` from the slices of its inputs, `FromInputs`)."""
+    if entry.get("stores") == "inputs":
+        tokens = FromInputs(mixer, shard.get_slice(f"{prefix}/inputs"), entry["tokens"], entry["lookback"]).columns()
+    else:
+        tokens = {name: shard.get_slice(f"{prefix}/tokens/{name}") for name in entry["tokens"]}
     shared = {name: shard.get_tensor(f"{prefix}/shared/{name}") for name in entry["shared"]}
     shared.update(entry["plain"])
     start = shard.get_tensor(f"{prefix}/start") if f"{prefix}/start" in shard.keys() else None
     return Factorized(spec, tokens, shared, entry["checkpoint_every"], seq, start, shard.get_slice(f"{prefix}/checkpoints"))
+
+
+# -- the kernel's arguments recomputed from the mixer's inputs ----------------------------------------------
+# Mental model. The kernel's token arguments at token ``t`` are the mixer's projections of its input, through a
+# causal convolution of a few tokens where the kind has one: a function of the inputs at ``t - lookback .. t``
+# and of the weights. So a store may keep the mixer's input, ``[seq, hidden]`` in the model's dtype (``hidden``
+# numbers a token, against ``key_dim + value_dim`` per value head for the arguments and ``key_dim · value_dim``
+# per head for the states), and recompute the arguments of a stretch when it replays it: the mixer itself runs
+# on the inputs from ``lookback`` tokens before the stretch (its convolution's window, so no window is stored),
+# stopped at its kernel call, and the stretch's arguments are replayed from the checkpoint as stored ones are.
+
+
+def lookback(module: torch.nn.Module) -> int:
+    """How many tokens before ``t`` a mixer's kernel arguments at ``t`` read from its input, counted safely over: its
+    widest causal convolution's window (kernel size less one), and at least one (a token shift, RWKV's)."""
+    return max([1, *(int(m.kernel_size[0]) - 1 for m in module.modules() if isinstance(m, torch.nn.Conv1d))])
+
+
+def unrecomputable(module: torch.nn.Module) -> str | None:
+    """Why ``module`` (a transformers mixer) cannot recompute its kernel's arguments from its input alone, or ``None``:
+    its forward requires more than its hidden states (RecurrentGemma's position ids, which restart its RG-LRU)."""
+    parameters = list(inspect.signature(type(module).forward).parameters.values())[2:]  # self, its hidden states
+    required = [p.name for p in parameters if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if not required:
+        return None
+    return (
+        f"{type(module).__name__}.forward requires {', '.join(required)} besides its input, which the store does not "
+        "keep: pass factorized=True (the kernel's arguments)"
+    )
+
+
+class FromInputs:
+    """One prompt's kernel token arguments ``names`` in one layer, recomputed from the mixer's inputs (section above).
+
+    ``inputs`` is ``[seq, hidden]``, a tensor or a shard's slice; ``mixer`` the layer's nnterp mixer envoy, on a
+    dispatched model. ``arguments(lo, hi)`` traces the mixer on the inputs ``lo - lookback .. hi - 1``, stopped at its
+    kernel call (its output projection and kernel do not run), and returns each argument at tokens ``lo .. hi - 1``,
+    tokens first, as the collecting trace served them; ``columns()`` slices them like stored tensors (`Factorized`).
+    """
+
+    def __init__(self, mixer: Any, inputs: Any, names: list[str], lookback: int) -> None:
+        self.mixer, self.inputs, self.names, self.lookback = mixer, inputs, list(names), lookback
+        self.last: tuple | None = None  # ((lo, hi), arguments): `Factorized` asks each name of one stretch in turn
+
+    def arguments(self, lo: int, hi: int) -> dict:
+        if self.last is not None and self.last[0] == (lo, hi):
+            return self.last[1]
+        first = max(0, lo - self.lookback)
+        weight = next(self.mixer.hf_module().parameters())
+        x = self.inputs[first:hi][None].to(weight.device, weight.dtype)  # a model opened in another dtype runs in its own
+        names = self.names
+        with torch.no_grad(), self.mixer.trace(x) as tracer:
+            served = nnsight.save({name: kept(value) for name, value in arguments_of(self.mixer).items() if name in names})
+            tracer.stop()
+        found = {name: served[name][0, lo - first :] for name in names}
+        self.last = ((lo, hi), found)
+        return found
+
+    def columns(self) -> dict:
+        """Each argument as ``[lo:hi]`` slices of it, ``[hi - lo, ...]``."""
+        return {name: Column(self, name) for name in self.names}
+
+
+class Column:
+    """Argument ``name`` of a `FromInputs`, sliced along its tokens as a stored tensor is (``column[lo:hi]``)."""
+
+    def __init__(self, source: FromInputs, name: str) -> None:
+        self.source, self.name = source, name
+
+    def __getitem__(self, index: slice) -> torch.Tensor:
+        return self.source.arguments(index.start or 0, index.stop)[self.name]
