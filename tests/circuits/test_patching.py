@@ -106,3 +106,33 @@ def test_one_edge_patched_is_the_plain_models_hooked_patch(model_type, load, pla
         got = circuits.patch_edges(model, clean, corrupt, [edge])
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
         assert not torch.allclose(got, circuits.patch_edges(model, clean, corrupt, []), atol=1e-3)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_every_single_edge_and_a_set_of_edges_patch_as_the_plain_hook_oracle(model_type, load, plains):
+    from .plain_hooks import PlainEdges
+
+    model, plain = load(model_type), plains(model_type)
+    oracle = PlainEdges(plain)
+    clean, corrupt = _pairs(plain.config.vocab_size, seed=3)
+    graph = circuits.node_map(model)
+    assert graph.sources == oracle.sources() and graph.destinations == oracle.destinations()
+    assert graph.edges == [(u, v) for v in oracle.destinations() for u in oracle.sources() if oracle.upstream(u, v)]
+
+    def metric(logits):
+        return logits[:, -1, 5] - logits[:, -1, 7]
+
+    base = float(metric(circuits.patch_edges(model, clean, corrupt, [])).sum())
+    ours = [float(metric(circuits.patch_edges(model, clean, corrupt, [edge])).sum()) - base for edge in graph.edges]
+    theirs = oracle.edge_effects(clean, corrupt, metric, graph.edges)
+    torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), atol=1e-4, rtol=1e-4)
+    assert max(abs(x) for x in theirs) > 1e-2
+    # A set of edges: each patch is relative to the run (a part that read a patched input wrote a changed output).
+    chosen = graph.edges[::3]
+    patched: dict = {}
+    for u, v in chosen:
+        patched.setdefault(v, set()).add(u)
+    with torch.no_grad():
+        _, corrupt_outputs = oracle.outputs(corrupt)
+        want = oracle.outputs(clean, patched, corrupt_outputs)[0]
+    torch.testing.assert_close(circuits.patch_edges(model, clean, corrupt, chosen), want, atol=1e-4, rtol=1e-4)
