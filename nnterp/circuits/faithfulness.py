@@ -53,7 +53,7 @@ class FaithfulnessCurve:
     total: int
 
     def plot(self, ax: Any = None) -> Any:
-        """Recovered fraction against the share of edges kept (matplotlib, the ``plot`` extra); returns the axes."""
+        """Recovered fraction against the share of edges kept (matplotlib, the ``plot`` extra); returns the Figure."""
         from .plot import plot_curve
 
         return plot_curve(self, ax=ax)

@@ -140,7 +140,7 @@ class EdgeGraph:
         return json.dumps(self.to_json())
 
     def plot(self, k: int = 30, ax: Any = None) -> Any:
-        """A layered picture of the ``k`` strongest edges (matplotlib, the ``plot`` extra); returns the axes."""
+        """A layered picture of the ``k`` strongest edges (matplotlib, the ``plot`` extra): `plot.plot_graph`; a Figure."""
         from .plot import plot_graph
 
         return plot_graph(self, k=k, ax=ax)

@@ -77,3 +77,19 @@ def test_the_graph_serializes_with_its_documented_schema(load):
     assert len(graph.top(fraction=0.1)) == round(0.1 * len(graph.edges))
     with pytest.raises(ValueError, match="one of k"):
         graph.top()
+
+
+def test_the_graph_and_the_curve_plot_what_they_hold(load):
+    model = load("qwen3_5_text")
+    clean, corrupt, metric = _task(4)
+    graph = circuits.edge_attribution(model, clean, corrupt, metric, progress=False)
+    figure = graph.plot(k=7)
+    ax = figure.axes[0]
+    assert len(ax.lines) == 7  # one line per edge drawn
+    widths = [line.get_linewidth() for line in ax.lines]
+    assert max(widths) == pytest.approx(4.5)  # the strongest edge: 0.5 + 4
+    labels = {text.get_text() for text in ax.texts}
+    assert set(graph.nodes.sources) | set(graph.nodes.destinations) <= labels
+    curve = circuits.faithfulness_curve(model, graph, clean, corrupt, metric, fractions=(0.0, 1.0), progress=False)
+    line = curve.plot().axes[0].lines[0]
+    assert list(line.get_ydata()) == pytest.approx(curve.recovered)
