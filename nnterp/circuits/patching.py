@@ -26,7 +26,7 @@ import torch
 from ..core.errors import InvalidArgument, ShapeError, WrongType
 from ..recurrent.no_cache import run_kwargs
 from .nodes import NodeMap, node_map
-from .positional import head_terms, read_core
+from .positional import check_positional, head_terms, read_core
 
 __all__ = ["patch_edges", "trace_nodes", "prompt_ids", "NodeRun"]
 
@@ -202,9 +202,10 @@ def patch_edges(
     nodes: Any = ("attention_heads", "mixer_heads", "mlp"),
     ablation: str = "corrupt",
 ) -> torch.Tensor:
-    """The clean prompts' logits ``[n, seq, vocab]`` (float32) with ``edges`` (``[(source, destination), ...]``)
-    patched to their corrupt value (``ablation="corrupt"``: each pair's corrupt prompt; ``"mean"``: the mean
-    over the corrupt prompts, per position). ``clean`` and ``corrupt``: prompts of one length, or ids ``[n, seq]``.
+    """The clean prompts' logits ``[n, seq, vocab]`` (float32) with ``edges`` (``[(source, destination), ...]``;
+    ``(source, destination, s)`` for a head's positional edge, `nnterp.circuits.positional`) patched to their
+    corrupt value (``ablation="corrupt"``: each pair's corrupt prompt; ``"mean"``: the mean over the corrupt
+    prompts, per position). ``clean`` and ``corrupt``: prompts of one length, or ids ``[n, seq]``.
     """
     graph = nodes if isinstance(nodes, NodeMap) else node_map(model, nodes)
     clean_ids, corrupt_ids = prompt_ids(model, clean, "clean"), prompt_ids(model, corrupt, "corrupt")
@@ -212,7 +213,14 @@ def patch_edges(
         raise InvalidArgument(f"ablation is 'corrupt' or 'mean', got {ablation!r}")
     if clean_ids.shape[1] != corrupt_ids.shape[1] or (ablation == "corrupt" and clean_ids.shape[0] != corrupt_ids.shape[0]):
         raise ShapeError(f"clean {tuple(clean_ids.shape)} and corrupt {tuple(corrupt_ids.shape)} must be pairs of one length")
-    donor = trace_nodes(model, graph, corrupt_ids).outputs
+    edges = [tuple(edge) for edge in edges]
+    positional = any(len(edge) == 3 for edge in edges)
+    if positional:
+        check_positional(model, graph)
+        whole, terms = graph.positional_weights([edge if len(edge) == 3 else (*edge, None) for edge in edges], clean_ids.shape[1])
+    else:
+        whole, terms = graph.weights(edges), {}
+    donor = trace_nodes(model, graph, corrupt_ids, positional=positional)
     if ablation == "mean":
-        donor = donor.mean(0, keepdim=True)
-    return trace_nodes(model, graph, clean_ids, patch=graph.weights(edges), corrupt=donor).logits
+        donor = NodeRun(donor.outputs.mean(0, keepdim=True), None, None, {}, {k: v.mean(0, keepdim=True) for k, v in donor.terms.items()})
+    return trace_nodes(model, graph, clean_ids, patch=whole, patch_terms=terms, corrupt=donor, positional=positional).logits

@@ -127,3 +127,14 @@ def test_attention_needs_eager_weights_for_positional_edges(load):
     clean, corrupt, metric = _task()
     with pytest.raises(Unavailable, match="enable_attention_probs"):
         circuits.edge_attribution(load("llama"), clean, corrupt, metric, positional=True, progress=False)
+
+
+def test_patch_edges_takes_positional_edges_as_the_plain_term_test_does(eager):
+    """A head's positional edges over every source, patched together, are its whole edge patched."""
+    model = eager("qwen3_5_text")
+    clean, corrupt, _ = _task(3)
+    whole = circuits.patch_edges(model, clean, corrupt, [("m0.h1", "logits")])
+    split = circuits.patch_edges(model, clean, corrupt, [("m0.h1", "logits", s) for s in range(SEQ)])
+    torch.testing.assert_close(split, whole, atol=1e-4, rtol=1e-4)
+    some = circuits.patch_edges(model, clean, corrupt, [("m0.h1", "logits", 3)])
+    assert not torch.allclose(some, whole, atol=1e-3)
