@@ -166,7 +166,7 @@ def trace_nodes(
                 out = _head_shares(projection._module, projected, part.heads)
                 if core is not None:
                     weight = projection._module.weight
-                    terms[part.name] = head_terms(*core, projected, weight) * nodes.scale
+                    terms[part.name] = head_terms(*core, projected, weight, part.heads) * nodes.scale
                 if part.post_norm is not None:
                     post = block._child_map[part.post_norm]
                     before, after = post.input, post.output

@@ -12,10 +12,11 @@ output projection is ``z[t] = o[t] ⊙ f[t]``, with ``f`` the head's output gate
 and a positional edge ``(u, v, s)`` is the edge ``u -> v`` through the term of source ``s``: the positional
 edges of a head sum to its edge. ``f = z / o`` elementwise (0 where ``o`` is 0).
 
-Served on attention heads (eager, a ``v_proj``) and on the recurrent kinds whose kernel output on a prompt is
-exactly ``Σ_s A[t, s] v_s``: the gated DeltaNet and Kimi's delta attention (no skip term, no state entering).
-The other kinds (Mamba-1/2 with their ``D`` skip, the mLSTM's normalizer, RWKV-4's bonus, the RG-LRU and the
-short convolution, which have no heads) raise `Unavailable` with that reason.
+Served on attention heads (eager, a ``v_proj``) and on the recurrent kinds whose effective attention reproduces
+the kernel's output on a prompt exactly, ``Σ_s A[t, s] v_s``: the gated DeltaNet and Kimi's delta attention,
+Mamba-2 (its skip ``D x_t`` on the diagonal, the term of ``s = t``) and Mamba-1 (a pattern per channel, skip and
+gate included; its one node's term is the sum over channels). The mLSTM, RWKV-4, the RG-LRU and the short
+convolution raise `Unavailable` (not served yet).
 """
 
 from __future__ import annotations
@@ -25,9 +26,14 @@ from typing import Any
 import torch
 
 from ..components.gated_deltanet import LinearAttention
+from ..components.selective_scan import SelectiveScan
+from ..components.state_space import StateSpace
 from ..core.errors import Unavailable
 
-__all__ = ["positional_reason", "check_positional", "read_core", "head_terms"]
+__all__ = ["positional_reason", "check_positional", "read_core", "head_terms", "EXACT"]
+
+#: The mixers whose kernel output on a prompt is exactly ``Σ_s A[t, s] v_s`` (the skip ``D`` on the diagonal).
+EXACT = (LinearAttention, StateSpace, SelectiveScan)
 
 
 def positional_reason(part: Any, envoy: Any) -> str | None:
@@ -38,10 +44,10 @@ def positional_reason(part: Any, envoy: Any) -> str | None:
         if "v_proj" not in envoy._child_map:
             return "its attention has no v_proj to read the values from"
         return type(envoy).values()["attention_probabilities"].reason(envoy)
-    if not isinstance(envoy, LinearAttention):
+    if not isinstance(envoy, EXACT):
         return (
-            f"the kernel output of a {type(envoy).__name__} is not Σ_s A[t, s] v_s alone (a skip term, a normalizer, "
-            "or no heads): its positional split is not served yet"
+            f"the positional split of a {type(envoy).__name__} is not served yet (served: the gated DeltaNet, Kimi, "
+            "Mamba-1 and Mamba-2, whose effective attention reproduces the kernel's output with its skip term)"
         )
     return None
 
@@ -70,13 +76,16 @@ def read_core(envoy: Any, kind: str) -> tuple:
         # Grouped-query attention: query head h reads key/value head h // (heads / kv_heads), as repeat_kv does.
         return pattern, values.repeat_interleave(pattern.shape[1] // values.shape[2], dim=2)
     values = envoy.attention_values
-    return envoy.effective_attention, values
+    # Mamba-1: one pattern per channel, values [batch, seq, channels]: each channel a head of width 1.
+    return envoy.effective_attention, values.unsqueeze(-1) if values.dim() == 3 else values
 
 
-def head_terms(pattern: torch.Tensor, values: torch.Tensor, projected: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``[batch, seq, seq, heads, hidden]``: term ``[t, s]`` of each head (module docstring), float32.
+def head_terms(pattern: torch.Tensor, values: torch.Tensor, projected: torch.Tensor, weight: torch.Tensor, nodes: int) -> torch.Tensor:
+    """``[batch, seq, seq, nodes, hidden]``: term ``[t, s]`` of each of the part's ``nodes`` (module docstring), float32.
 
-    ``projected``: the output projection's input ``[batch, seq, heads · dim]``; ``weight``: its weight ``[hidden, heads · dim]``.
+    ``pattern`` ``[batch, heads, seq, seq]``, ``values`` ``[batch, seq, heads, dim]`` (a mixer without heads: a head
+    per channel, summed into its one node); ``projected``: the output projection's input ``[batch, seq, heads · dim]``;
+    ``weight``: its weight ``[hidden, heads · dim]``.
     """
     pattern, values = pattern.float(), values.float()
     batch, seq, heads, dim = values.shape
@@ -84,4 +93,10 @@ def head_terms(pattern: torch.Tensor, values: torch.Tensor, projected: torch.Ten
     core = torch.einsum("bhts,bshe->bthe", pattern, values)
     factor = torch.where(core == 0, torch.zeros_like(core), z / torch.where(core == 0, torch.ones_like(core), core))
     w = weight.float().reshape(weight.shape[0], heads, dim)
-    return torch.einsum("bhts,bshe,bthe,dhe->btshd", pattern, values, factor, w)
+    if nodes == heads:
+        return torch.einsum("bhts,bshe,bthe,dhe->btshd", pattern, values, factor, w)
+    # Channels summed into nodes: each (t, s) term through its channels, then projected.
+    weighted = torch.einsum("bhts,bshe,bthe->btshe", pattern, values, factor)
+    return torch.einsum("btshe,dhe->btsd", weighted, w).unsqueeze(3) if nodes == 1 else torch.einsum(
+        "btsnge,dnge->btsnd", weighted.reshape(batch, -1, seq, nodes, heads // nodes, dim), w.reshape(w.shape[0], nodes, heads // nodes, dim)
+    )

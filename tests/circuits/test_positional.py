@@ -16,7 +16,7 @@ from nnterp.recurrent.no_cache import run_kwargs
 
 #: Attention (plain and in a hybrid), the gated DeltaNet, Kimi's delta attention (its attention layers are
 #: multi-head latent attention, with no v_proj: left out of its graph).
-FAMILIES = ["llama", "qwen3_5_text", "kimi_linear"]
+FAMILIES = ["llama", "qwen3_5_text", "kimi_linear", "mamba2", "mamba"]
 NODES = {"kimi_linear": ("mixer_heads", "mlp")}
 N, SEQ = 2, 7
 
@@ -116,7 +116,7 @@ def test_one_positional_edge_is_the_plain_models_term(eager, plains):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("model_type, kind", [("mamba2", "StateSpace"), ("mamba", "SelectiveScan"), ("rwkv", "")])
+@pytest.mark.parametrize("model_type, kind", [("xlstm", "MLSTM"), ("rwkv", ""), ("recurrent_gemma", ""), ("lfm2", "")])
 def test_a_kind_with_a_skip_term_or_no_heads_says_its_split_is_not_served(model_type, kind, load):
     clean, corrupt, metric = _task()
     with pytest.raises(Unavailable, match=f"{kind}.*not served"):
@@ -138,3 +138,31 @@ def test_patch_edges_takes_positional_edges_as_the_plain_term_test_does(eager):
     torch.testing.assert_close(split, whole, atol=1e-4, rtol=1e-4)
     some = circuits.patch_edges(model, clean, corrupt, [("m0.h1", "logits", 3)])
     assert not torch.allclose(some, whole, atol=1e-3)
+
+
+#: Where each recurrent kind's kernel output (what its positional split distributes) enters the plain model:
+#: the gated norm's input (the gated DeltaNet, Kimi, Mamba-2) or, with skip and gate applied, the output projection's.
+KERNEL_OUTPUT = {"qwen3_5_text": "linear_attn.norm", "kimi_linear": "self_attn.o_norm", "mamba2": "mixer.norm", "mamba": "mixer.out_proj"}
+
+
+@pytest.mark.parametrize("model_type", sorted(KERNEL_OUTPUT))
+def test_the_split_distributes_the_kernels_own_output(model_type, load, plains):
+    """``Σ_s A[t, s] v_s`` from nnterp's effective attention is the kernel output the plain model computes (read
+    with a hook), so the factor ``f`` is the gate and norm alone, and each source's term is its own."""
+    from nnterp.circuits.positional import read_core
+
+    model, plain = load(model_type), plains(model_type)
+    clean, _, _ = _task(4)
+    layer = next(i for i, block in enumerate(model.layers) if block.linear_attn is not None)
+    seen = {}
+    module = plain.get_submodule(f"{plain.base_model_prefix}.layers.{layer}.{KERNEL_OUTPUT[model_type]}")
+    hook = module.register_forward_pre_hook(lambda m, args: seen.__setitem__("x", args[0].detach()))
+    with torch.no_grad():
+        plain(clean, **run_kwargs(model))
+    hook.remove()
+    saved = []
+    with torch.no_grad(), model.trace(clean, **run_kwargs(model)):
+        pattern, values = read_core(model.layers[layer].linear_attn, "mixer")
+        saved.append(torch.einsum("bhts,bshe->bthe", pattern.float(), values.float()).save())
+    core = saved[0]
+    torch.testing.assert_close(core.reshape(-1), seen["x"].float().reshape(-1), atol=1e-4, rtol=1e-4)
