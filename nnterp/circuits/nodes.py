@@ -249,7 +249,8 @@ def node_map(model: Any, nodes: Any = ("attention_heads", "mixer_heads", "mlp"))
 
 
 def support(model: Any) -> dict:
-    """``{"circuits.<kind>": None | reason}``: which node kinds ``model`` has, and why one is unavailable."""
+    """``{"circuits.<kind>": None | reason}``: which node kinds ``model`` has, and why one is unavailable;
+    ``"circuits.positional"``: whether every head's edges split by source position (`nnterp.circuits.positional`)."""
     reason = _structure_reason(model)
     has = {
         "attention_heads": any(layer.self_attn is not None for layer in model.layers),
@@ -266,4 +267,18 @@ def support(model: Any) -> dict:
     rows = {"circuits.embed": reason, "circuits.logits": reason}
     for kind, present in has.items():
         rows[f"circuits.{kind}"] = reason or (None if present else missing[kind])
+    rows["circuits.positional"] = reason or _positional_row(model)
     return rows
+
+
+def _positional_row(model: Any) -> str | None:
+    """Why some part's edges cannot be split by source position (the first such part), or ``None``."""
+    from .positional import positional_reason
+
+    for part in node_map(model).parts:
+        block = model.layers[part.layer]
+        envoy = {"attention": block.self_attn, "mixer": block.linear_attn, "mlp": block.mlp}[part.kind]
+        why = positional_reason(part, envoy)
+        if why is not None:
+            return f"layer {part.layer}'s {part.kind}: {why}"
+    return None

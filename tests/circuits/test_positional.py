@@ -123,7 +123,11 @@ def test_a_kind_with_a_skip_term_or_no_heads_says_its_split_is_not_served(model_
         circuits.edge_attribution(load(model_type), clean, corrupt, metric, positional=True, progress=False)
 
 
-def test_attention_needs_eager_weights_for_positional_edges(load):
+def test_attention_needs_eager_weights_for_positional_edges(load, eager):
+    assert "enable_attention_probs" in circuits.support(load("llama"))["circuits.positional"]
+    assert circuits.support(eager("llama"))["circuits.positional"] is None
+    assert circuits.support(load("mamba2"))["circuits.positional"] is None
+    assert "MLSTM" in circuits.support(load("xlstm"))["circuits.positional"]
     clean, corrupt, metric = _task()
     with pytest.raises(Unavailable, match="enable_attention_probs"):
         circuits.edge_attribution(load("llama"), clean, corrupt, metric, positional=True, progress=False)
