@@ -96,3 +96,22 @@ def test_scores_are_averaged_over_pairs_and_batches_alike(load):
     torch.testing.assert_close(whole.scores, batched.scores, atol=1e-4, rtol=1e-4)
     one = circuits.edge_attribution(model, clean[:1], corrupt[:1], metric, progress=False)
     assert not torch.allclose(one.scores, whole.scores, atol=1e-4)
+
+
+def test_a_wrong_call_says_what_to_pass_and_leaves_the_model_as_it_was(load):
+    from nnterp import ShapeError, Unavailable
+
+    model = load("qwen3_5_text")
+    clean, corrupt, metric = _task(model, seed=4)
+    before = {name: p.detach().clone() for name, p in model._model.named_parameters()}
+    with pytest.raises(ShapeError, match="one value per prompt"):
+        circuits.edge_attribution(model, clean, corrupt, lambda logits, pairs: logits.sum(), progress=False)
+    with pytest.raises(ValueError, match="'eap' or 'eap-ig'"):
+        circuits.edge_attribution(model, clean, corrupt, metric, method="ig", progress=False)
+    with pytest.raises(ShapeError, match="pairs of prompts of one length"):
+        circuits.edge_attribution(model, clean, corrupt[:, :-1], metric, progress=False)
+    with torch.inference_mode(), pytest.raises(Unavailable, match="inference_mode"):
+        circuits.edge_attribution(model, clean, corrupt, metric, progress=False)
+    assert all(torch.equal(p, before[name]) for name, p in model._model.named_parameters())
+    assert all(p.grad is None for p in model._model.parameters())
+    torch.testing.assert_close(circuits.patch_edges(model, clean, corrupt, []), trace_nodes(model, circuits.node_map(model), clean).logits)
