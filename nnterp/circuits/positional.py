@@ -14,9 +14,9 @@ edges of a head sum to its edge. ``f = z / o`` elementwise (0 where ``o`` is 0).
 
 Served on attention heads (eager, a ``v_proj``) and on the recurrent kinds whose effective attention reproduces
 the kernel's output on a prompt exactly, ``Σ_s A[t, s] v_s``: the gated DeltaNet and Kimi's delta attention,
-Mamba-2 (its skip ``D x_t`` on the diagonal, the term of ``s = t``) and Mamba-1 (a pattern per channel, skip and
-gate included; its one node's term is the sum over channels). The mLSTM, RWKV-4, the RG-LRU and the short
-convolution raise `Unavailable` (not served yet).
+Mamba-2 (its skip ``D x_t`` on the diagonal, the term of ``s = t``), the mLSTM (given each token's normalizer),
+and, with a pattern per channel summed into their one node, Mamba-1 (skip and gate included), RWKV-4 and the
+RG-LRU. The short convolution raises `Unavailable`: its kernel's output has a part of no source position.
 """
 
 from __future__ import annotations
@@ -26,14 +26,17 @@ from typing import Any
 import torch
 
 from ..components.gated_deltanet import LinearAttention
+from ..components.mlstm import MLSTM
+from ..components.rg_lru import RGLRU
 from ..components.selective_scan import SelectiveScan
 from ..components.state_space import StateSpace
+from ..components.wkv import WKV
 from ..core.errors import Unavailable
 
 __all__ = ["positional_reason", "check_positional", "read_core", "head_terms", "EXACT"]
 
 #: The mixers whose kernel output on a prompt is exactly ``Σ_s A[t, s] v_s`` (the skip ``D`` on the diagonal).
-EXACT = (LinearAttention, StateSpace, SelectiveScan)
+EXACT = (LinearAttention, StateSpace, SelectiveScan, MLSTM, RGLRU, WKV)
 
 
 def positional_reason(part: Any, envoy: Any) -> str | None:
@@ -46,8 +49,8 @@ def positional_reason(part: Any, envoy: Any) -> str | None:
         return type(envoy).values()["attention_probabilities"].reason(envoy)
     if not isinstance(envoy, EXACT):
         return (
-            f"the positional split of a {type(envoy).__name__} is not served yet (served: the gated DeltaNet, Kimi, "
-            "Mamba-1 and Mamba-2, whose effective attention reproduces the kernel's output with its skip term)"
+            f"the positional split of a {type(envoy).__name__} is not served yet: its kernel's output on a prompt is "
+            "Σ_s A[t, s] v_s plus a part of no source position (the short convolution's bias and entering window)"
         )
     return None
 

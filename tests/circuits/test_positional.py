@@ -16,7 +16,7 @@ from nnterp.recurrent.no_cache import run_kwargs
 
 #: Attention (plain and in a hybrid), the gated DeltaNet, Kimi's delta attention (its attention layers are
 #: multi-head latent attention, with no v_proj: left out of its graph).
-FAMILIES = ["llama", "qwen3_5_text", "kimi_linear", "mamba2", "mamba"]
+FAMILIES = ["llama", "qwen3_5_text", "kimi_linear", "mamba2", "mamba", "xlstm", "recurrent_gemma", "rwkv"]
 NODES = {"kimi_linear": ("mixer_heads", "mlp")}
 N, SEQ = 2, 7
 
@@ -116,7 +116,7 @@ def test_one_positional_edge_is_the_plain_models_term(eager, plains):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("model_type, kind", [("xlstm", "MLSTM"), ("rwkv", ""), ("recurrent_gemma", ""), ("lfm2", "")])
+@pytest.mark.parametrize("model_type, kind", [("lfm2", "ShortConvolution"), ("lfm2_moe", "ShortConvolution")])
 def test_a_kind_with_a_skip_term_or_no_heads_says_its_split_is_not_served(model_type, kind, load):
     clean, corrupt, metric = _task()
     with pytest.raises(Unavailable, match=f"{kind}.*not served"):
@@ -127,7 +127,7 @@ def test_attention_needs_eager_weights_for_positional_edges(load, eager):
     assert "enable_attention_probs" in circuits.support(load("llama"))["circuits.positional"]
     assert circuits.support(eager("llama"))["circuits.positional"] is None
     assert circuits.support(load("mamba2"))["circuits.positional"] is None
-    assert "MLSTM" in circuits.support(load("xlstm"))["circuits.positional"]
+    assert "ShortConvolution" in circuits.support(load("lfm2"))["circuits.positional"]
     clean, corrupt, metric = _task()
     with pytest.raises(Unavailable, match="enable_attention_probs"):
         circuits.edge_attribution(load("llama"), clean, corrupt, metric, positional=True, progress=False)
@@ -146,7 +146,10 @@ def test_patch_edges_takes_positional_edges_as_the_plain_term_test_does(eager):
 
 #: Where each recurrent kind's kernel output (what its positional split distributes) enters the plain model:
 #: the gated norm's input (the gated DeltaNet, Kimi, Mamba-2) or, with skip and gate applied, the output projection's.
-KERNEL_OUTPUT = {"qwen3_5_text": "linear_attn.norm", "kimi_linear": "self_attn.o_norm", "mamba2": "mixer.norm", "mamba": "mixer.out_proj"}
+KERNEL_OUTPUT = {
+    "qwen3_5_text": "linear_attn.norm", "kimi_linear": "self_attn.o_norm", "mamba2": "mixer.norm", "mamba": "mixer.out_proj",
+    "xlstm": "mlstm_layer.multihead_norm", "recurrent_gemma": "temporal_block.rg_lru", "rwkv": "attention.output",
+}
 
 
 @pytest.mark.parametrize("model_type", sorted(KERNEL_OUTPUT))
@@ -159,11 +162,21 @@ def test_the_split_distributes_the_kernels_own_output(model_type, load, plains):
     clean, _, _ = _task(4)
     layer = next(i for i, block in enumerate(model.layers) if block.linear_attn is not None)
     seen = {}
-    module = plain.get_submodule(f"{plain.base_model_prefix}.layers.{layer}.{KERNEL_OUTPUT[model_type]}")
-    hook = module.register_forward_pre_hook(lambda m, args: seen.__setitem__("x", args[0].detach()))
+    stack = "blocks" if model_type in ("rwkv", "xlstm") else "layers"
+    block = plain.get_submodule(f"{plain.base_model_prefix}.{stack}.{layer}")
+    module = block.get_submodule(KERNEL_OUTPUT[model_type])
+    if model_type == "recurrent_gemma":  # the RG-LRU module returns the scan's output
+        hooks = [module.register_forward_hook(lambda m, args, out: seen.__setitem__("x", out.detach()))]
+    else:
+        hooks = [module.register_forward_pre_hook(lambda m, args: seen.__setitem__("x", args[0].detach()))]
+    if model_type == "rwkv":  # the output projection reads sigmoid(receptance) ⊙ the kernel's output
+        hooks.append(block.attention.receptance.register_forward_hook(lambda m, args, out: seen.__setitem__("r", out.detach())))
     with torch.no_grad():
         plain(clean, **run_kwargs(model))
-    hook.remove()
+    for hook in hooks:
+        hook.remove()
+    if model_type == "rwkv":
+        seen["x"] = seen["x"] / torch.sigmoid(seen["r"])
     saved = []
     with torch.no_grad(), model.trace(clean, **run_kwargs(model)):
         pattern, values = read_core(model.layers[layer].linear_attn, "mixer")
