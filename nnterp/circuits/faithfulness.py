@@ -23,6 +23,7 @@ import torch
 from ..core.errors import InvalidArgument, ShapeError
 from .graph import Circuit, EdgeGraph
 from .patching import NodeRun, prompt_ids, trace_nodes
+from .plot import plot_curve
 
 __all__ = ["Faithfulness", "FaithfulnessCurve", "faithfulness", "faithfulness_curve"]
 
@@ -54,8 +55,6 @@ class FaithfulnessCurve:
 
     def plot(self, ax: Any = None) -> Any:
         """Recovered fraction against the share of edges kept (matplotlib, the ``plot`` extra); returns the Figure."""
-        from .plot import plot_curve
-
         return plot_curve(self, ax=ax)
 
 

@@ -33,6 +33,7 @@ import torch
 
 from ..core.errors import InvalidArgument
 from .nodes import NodeMap
+from .plot import plot_graph
 
 __all__ = ["EdgeGraph", "Circuit"]
 
@@ -141,8 +142,6 @@ class EdgeGraph:
 
     def plot(self, k: int = 30, ax: Any = None) -> Any:
         """A layered picture of the ``k`` strongest edges (matplotlib, the ``plot`` extra): `plot.plot_graph`; a Figure."""
-        from .plot import plot_graph
-
         return plot_graph(self, k=k, ax=ax)
 
     def __repr__(self) -> str:

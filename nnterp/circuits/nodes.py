@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from ..core.errors import InvalidArgument, Unavailable
+from .positional import positional_reason
 
 __all__ = ["Part", "NodeMap", "node_map", "support", "NODE_KINDS"]
 
@@ -273,8 +274,6 @@ def support(model: Any) -> dict:
 
 def _positional_row(model: Any) -> str | None:
     """Why some part's edges cannot be split by source position (the first such part), or ``None``."""
-    from .positional import positional_reason
-
     for part in node_map(model).parts:
         block = model.layers[part.layer]
         envoy = {"attention": block.self_attn, "mixer": block.linear_attn, "mlp": block.mlp}[part.kind]

@@ -15,9 +15,13 @@ import torch
 from nnterp import circuits
 from nnterp.attribution import rank_correlation
 from nnterp.circuits.patching import trace_nodes
+from nnterp.components.gated_deltanet import LinearAttention
+from nnterp.components.state_space import StateSpace
+
+from .kinds import BY_KIND, PLAIN
 
 #: One family per mixer kind, plus a plain transformer: gated DeltaNet, Kimi, Mamba-1, Mamba-2, RWKV-4, mLSTM, RG-LRU, short convolution.
-KINDS = ["llama", "qwen3_5_text", "kimi_linear", "mamba", "mamba2", "rwkv", "xlstm", "recurrent_gemma", "lfm2"]
+KINDS = [PLAIN, *sorted(BY_KIND.values())]
 N, SEQ = 4, 8
 
 
@@ -73,7 +77,7 @@ def test_scores_rank_the_edges_as_their_patches_do(model_type, load):
         assert correlation >= 0.5
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3_5_text", "mamba2"])
+@pytest.mark.parametrize("model_type", [PLAIN, BY_KIND[LinearAttention], BY_KIND[StateSpace]])
 def test_eap_ig_out_of_the_embeddings_sums_to_the_metrics_change(model_type, load, plains):
     model, plain = load(model_type), plains(model_type)
     clean, corrupt, metric = _task(model, seed=2, at=slice(None))

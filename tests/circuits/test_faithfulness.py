@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from nnterp import circuits
+from nnterp.components.gated_deltanet import LinearAttention
+from nnterp.components.short_convolution import ShortConvolution
+from nnterp.components.state_space import StateSpace
+from nnterp.components.wkv import WKV
 from nnterp.recurrent.no_cache import run_kwargs
+
+from .kinds import BY_KIND, PLAIN
 
 N, SEQ = 3, 7
 
@@ -23,7 +29,7 @@ def _task(seed: int = 0):
     return clean, corrupt, circuits.logit_difference(good, bad)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3_5_text", "mamba2", "rwkv", "lfm2"])
+@pytest.mark.parametrize("model_type", [PLAIN, *(BY_KIND[kind] for kind in (LinearAttention, StateSpace, WKV, ShortConvolution))])
 def test_the_full_graph_recovers_one_and_the_empty_circuit_zero(model_type, load, plains):
     model, plain = load(model_type), plains(model_type)
     clean, corrupt, metric = _task()

@@ -14,11 +14,7 @@ import torch
 from nnterp import Unavailable, circuits
 from nnterp.recurrent.no_cache import run_kwargs
 
-#: Every family whose parts read a plain residual: plain, post-norm, multiplier, and one per mixer kind.
-FAMILIES = [
-    "llama", "qwen3", "gpt2", "gemma3_text", "olmo3", "granitemoehybrid", "qwen3_5_text", "kimi_linear", "mamba",
-    "mamba2", "rwkv", "xlstm", "recurrent_gemma", "lfm2", "nemotron_h", "jamba", "qwen3_moe",
-]
+from .kinds import SERVED, UNSERVED
 
 
 def _pairs(vocab: int, n: int = 2, seq: int = 7, seed: int = 0) -> tuple:
@@ -28,10 +24,10 @@ def _pairs(vocab: int, n: int = 2, seq: int = 7, seed: int = 0) -> tuple:
     return clean, corrupt
 
 
-@pytest.mark.parametrize("model_type", FAMILIES)
+@pytest.mark.parametrize("model_type", SERVED)
 def test_every_edge_patched_is_the_corrupt_forward_and_none_the_clean_one(model_type, load, plains):
     model, plain = load(model_type), plains(model_type)
-    clean, corrupt = _pairs(plain.config.vocab_size)
+    clean, corrupt = _pairs(plain.config.get_text_config().vocab_size)
     graph = circuits.node_map(model)
     with torch.no_grad():
         kwargs = run_kwargs(model)
@@ -41,7 +37,7 @@ def test_every_edge_patched_is_the_corrupt_forward_and_none_the_clean_one(model_
     torch.testing.assert_close(circuits.patch_edges(model, clean, corrupt, graph.edges), want_corrupt, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("model_type, why", [("zamba2", "concatenation"), ("falcon_h1", "parallel"), ("minimax", "normalized stream")])
+@pytest.mark.parametrize("model_type, why", UNSERVED)
 def test_a_family_whose_parts_read_no_plain_residual_says_why(model_type, why, load):
     model = load(model_type)
     with pytest.raises(Unavailable, match=why):
@@ -91,7 +87,7 @@ def _hooked(plain, clean, corrupt, source_layer, head, destination_norm):
 @pytest.mark.parametrize("model_type", ["llama", "qwen3_5_text"])
 def test_one_edge_patched_is_the_plain_models_hooked_patch(model_type, load, plains):
     model, plain = load(model_type), plains(model_type)
-    clean, corrupt = _pairs(plain.config.vocab_size, seed=1)
+    clean, corrupt = _pairs(plain.config.get_text_config().vocab_size, seed=1)
     layer = next(i for i, block in enumerate(model.layers) if block.self_attn is not None)
     last = len(model.layers) - 1
     cases = [
@@ -114,7 +110,7 @@ def test_every_single_edge_and_a_set_of_edges_patch_as_the_plain_hook_oracle(mod
 
     model, plain = load(model_type), plains(model_type)
     oracle = PlainEdges(plain)
-    clean, corrupt = _pairs(plain.config.vocab_size, seed=3)
+    clean, corrupt = _pairs(plain.config.get_text_config().vocab_size, seed=3)
     graph = circuits.node_map(model)
     assert graph.sources == oracle.sources() and graph.destinations == oracle.destinations()
     assert graph.edges == [(u, v) for v in oracle.destinations() for u in oracle.sources() if oracle.upstream(u, v)]

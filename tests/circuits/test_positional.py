@@ -12,12 +12,23 @@ import pytest
 import torch
 
 from nnterp import StandardizedTransformer, Unavailable, circuits
+from nnterp.circuits.positional import EXACT
+from nnterp.components.gated_deltanet import LinearAttention
+from nnterp.components.kimi_delta_attention import KimiDeltaAttention
+from nnterp.components.mlstm import MLSTM
+from nnterp.components.rg_lru import RGLRU
+from nnterp.components.selective_scan import SelectiveScan
+from nnterp.components.short_convolution import ShortConvolution
+from nnterp.components.state_space import StateSpace
+from nnterp.components.wkv import WKV
 from nnterp.recurrent.no_cache import run_kwargs
 
-#: Attention (plain and in a hybrid), the gated DeltaNet, Kimi's delta attention (its attention layers are
-#: multi-head latent attention, with no v_proj: left out of its graph).
-FAMILIES = ["llama", "qwen3_5_text", "kimi_linear", "mamba2", "mamba", "xlstm", "recurrent_gemma", "rwkv"]
-NODES = {"kimi_linear": ("mixer_heads", "mlp")}
+from .kinds import BY_KIND, PLAIN
+
+#: Attention (plain, and in the hybrids) and every recurrent kind with a positional split; Kimi's attention layers
+#: are multi-head latent attention, with no v_proj: left out of its graph.
+FAMILIES = [PLAIN, *(BY_KIND[kind] for kind in EXACT)]
+NODES = {BY_KIND[KimiDeltaAttention]: ("mixer_heads", "mlp")}
 N, SEQ = 2, 7
 
 
@@ -116,7 +127,7 @@ def test_one_positional_edge_is_the_plain_models_term(eager, plains):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("model_type, kind", [("lfm2", "ShortConvolution"), ("lfm2_moe", "ShortConvolution")])
+@pytest.mark.parametrize("model_type, kind", [(BY_KIND[ShortConvolution], "ShortConvolution")])
 def test_a_kind_with_a_skip_term_or_no_heads_says_its_split_is_not_served(model_type, kind, load):
     clean, corrupt, metric = _task()
     with pytest.raises(Unavailable, match=f"{kind}.*not served"):
@@ -126,8 +137,8 @@ def test_a_kind_with_a_skip_term_or_no_heads_says_its_split_is_not_served(model_
 def test_attention_needs_eager_weights_for_positional_edges(load, eager):
     assert "enable_attention_probs" in circuits.support(load("llama"))["circuits.positional"]
     assert circuits.support(eager("llama"))["circuits.positional"] is None
-    assert circuits.support(load("mamba2"))["circuits.positional"] is None
-    assert "ShortConvolution" in circuits.support(load("lfm2"))["circuits.positional"]
+    assert circuits.support(load(BY_KIND[StateSpace]))["circuits.positional"] is None
+    assert "ShortConvolution" in circuits.support(load(BY_KIND[ShortConvolution]))["circuits.positional"]
     clean, corrupt, metric = _task()
     with pytest.raises(Unavailable, match="enable_attention_probs"):
         circuits.edge_attribution(load("llama"), clean, corrupt, metric, positional=True, progress=False)
@@ -144,42 +155,42 @@ def test_patch_edges_takes_positional_edges_as_the_plain_term_test_does(eager):
     assert not torch.allclose(some, whole, atol=1e-3)
 
 
-#: Where each recurrent kind's kernel output (what its positional split distributes) enters the plain model:
-#: the gated norm's input (the gated DeltaNet, Kimi, Mamba-2) or, with skip and gate applied, the output projection's.
+#: Where each recurrent kind's kernel output (what its positional split distributes) is read, as a child of the HF
+#: mixer module: the gated norm's input, or the output projection's (Mamba-1: skip and gate applied; RWKV-4: times
+#: sigmoid(receptance)), or the RG-LRU module's output.
 KERNEL_OUTPUT = {
-    "qwen3_5_text": "linear_attn.norm", "kimi_linear": "self_attn.o_norm", "mamba2": "mixer.norm", "mamba": "mixer.out_proj",
-    "xlstm": "mlstm_layer.multihead_norm", "recurrent_gemma": "temporal_block.rg_lru", "rwkv": "attention.output",
+    LinearAttention: "norm", KimiDeltaAttention: "o_norm", StateSpace: "norm", SelectiveScan: "out_proj",
+    MLSTM: "multihead_norm", RGLRU: "rg_lru", WKV: "output",
 }
 
 
-@pytest.mark.parametrize("model_type", sorted(KERNEL_OUTPUT))
-def test_the_split_distributes_the_kernels_own_output(model_type, load, plains):
-    """``Σ_s A[t, s] v_s`` from nnterp's effective attention is the kernel output the plain model computes (read
-    with a hook), so the factor ``f`` is the gate and norm alone, and each source's term is its own."""
+@pytest.mark.parametrize("kind", EXACT, ids=lambda kind: kind.__name__)
+def test_the_split_distributes_the_kernels_own_output(kind, load):
+    """``Σ_s A[t, s] v_s`` from nnterp's effective attention is the kernel output the HF modules compute in a plain
+    call of the model (read with torch hooks, no trace), so the factor ``f`` is the gate and norm alone."""
     from nnterp.circuits.positional import read_core
 
-    model, plain = load(model_type), plains(model_type)
+    model = load(BY_KIND[kind])
     clean, _, _ = _task(4)
-    layer = next(i for i, block in enumerate(model.layers) if block.linear_attn is not None)
-    seen = {}
-    stack = "blocks" if model_type in ("rwkv", "xlstm") else "layers"
-    block = plain.get_submodule(f"{plain.base_model_prefix}.{stack}.{layer}")
-    module = block.get_submodule(KERNEL_OUTPUT[model_type])
-    if model_type == "recurrent_gemma":  # the RG-LRU module returns the scan's output
+    layer = next(i for i, block in enumerate(model.layers) if isinstance(block.linear_attn, kind))
+    mixer = model.layers[layer].linear_attn._module
+    module, seen = mixer.get_submodule(KERNEL_OUTPUT[kind]), {}
+    if kind is RGLRU:  # the RG-LRU module returns the scan's output
         hooks = [module.register_forward_hook(lambda m, args, out: seen.__setitem__("x", out.detach()))]
     else:
         hooks = [module.register_forward_pre_hook(lambda m, args: seen.__setitem__("x", args[0].detach()))]
-    if model_type == "rwkv":  # the output projection reads sigmoid(receptance) ⊙ the kernel's output
-        hooks.append(block.attention.receptance.register_forward_hook(lambda m, args, out: seen.__setitem__("r", out.detach())))
-    with torch.no_grad():
-        plain(clean, **run_kwargs(model))
-    for hook in hooks:
-        hook.remove()
-    if model_type == "rwkv":
+    if kind is WKV:  # the output projection reads sigmoid(receptance) ⊙ the kernel's output
+        hooks.append(mixer.receptance.register_forward_hook(lambda m, args, out: seen.__setitem__("r", out.detach())))
+    try:
+        with torch.no_grad():
+            model._model(clean, **run_kwargs(model))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if kind is WKV:
         seen["x"] = seen["x"] / torch.sigmoid(seen["r"])
     saved = []
     with torch.no_grad(), model.trace(clean, **run_kwargs(model)):
         pattern, values = read_core(model.layers[layer].linear_attn, "mixer")
         saved.append(torch.einsum("bhts,bshe->bthe", pattern.float(), values.float()).save())
-    core = saved[0]
-    torch.testing.assert_close(core.reshape(-1), seen["x"].float().reshape(-1), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(saved[0].reshape(-1), seen["x"].float().reshape(-1), atol=1e-4, rtol=1e-4)
