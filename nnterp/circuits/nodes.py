@@ -1,0 +1,283 @@
+"""The nodes of a model's computational graph, read from the standardized model: which parts write into the
+residual stream, which read it, and where.
+
+Mental model. The model is a stack of residual parts. A *source node* writes into the residual stream:
+
+* ``"embed"``: the residual stream as the first part reads it (the embeddings, with any scale, position
+  embedding or pre-norm the family applies before the first part);
+* ``"a{l}.h{h}"``: attention head ``h`` of layer ``l``; ``"m{l}.h{h}"``: recurrent mixer head ``h`` (a mixer
+  kind without heads, Mamba-1, the RG-LRU, RWKV-4 and the short convolution, is one node ``"m{l}"``); a head's
+  output is its share of what its part adds to the residual: the part's output projection applied to that
+  head's slice of the projection's input, so the shares of a part's heads (plus the projection's bias, the
+  same in every run and no node's) sum to the part's residual addition; where the family normalizes the part's
+  output before adding it (a post-norm, gemma3), the shares are scaled by that norm's factor of the same run;
+* ``"mlp{l}"``: the feed-forward block (a mixture of experts' experts together).
+
+A *destination* is where a part reads the residual: ``"a{l}"``, ``"m{l}"``, ``"mlp{l}"``, ``"logits"`` (the
+final norm). The heads of one part share its input: an edge starts at a head and ends at a part's input. A
+destination's input is the residual before the part's input norm (the norm's input), and editing it edits
+what that part alone reads; the residual later parts read is unchanged. An *edge* ``u -> v`` is every source
+``u`` upstream of destination ``v``.
+
+`NodeMap` is the map for one model; `node_map(model)` builds it or raises `Unavailable` with the reason a
+family's parts do not read a plain residual; `support(model)` says it per node kind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..core.errors import InvalidArgument, Unavailable
+from .positional import positional_reason
+
+__all__ = ["Part", "NodeMap", "node_map", "support", "NODE_KINDS"]
+
+#: The node kinds ``nodes=`` takes: a part split into heads, or one node per part.
+NODE_KINDS = ("attention_heads", "attention", "mixer_heads", "mixers", "mlp")
+#: The HF child of a block that normalizes the residual before its mixer or attention reads it, by family.
+MIXER_NORMS = ("input_layernorm", "temporal_pre_norm", "operator_norm", "norm_mlstm", "ln1", "ln_1", "norm")
+#: ... before its feed-forward block reads it (gemma3's ``post_attention_layernorm`` is a post-norm: checked first).
+MLP_NORMS = ("pre_feedforward_layernorm", "pre_ff_layernorm", "post_attention_layernorm", "channel_pre_norm", "ffn_norm", "norm_ffn", "ln2", "ln_2")
+#: The output projection of an attention layer or mixer, whose input is split into heads.
+PROJECTIONS = ("o_proj", "out_proj", "output", "linear_out", "c_proj")
+#: Post-norms (the part's output normalized before it is added): ``{mixer post-norm, mlp post-norm}``.
+POST_NORMS = ("post_attention_layernorm", "post_feedforward_layernorm")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One residual part: a destination (its input) and the source nodes it writes.
+
+    Attributes:
+        layer: its layer index.
+        kind: ``"attention"``, ``"mixer"`` or ``"mlp"``.
+        name: its destination name (``"a3"``, ``"m3"``, ``"mlp3"``).
+        norm: the HF child of the block whose input is the part's input (its input norm); ``None`` where the part
+            reads the residual itself (a post-norm family, olmo3: the part's own input).
+        projection: the output projection (a child of the part) whose input splits into heads; ``None`` on an MLP.
+        heads: how many source nodes the part is (1: the part is one node).
+        post_norm: the HF child of the block normalizing the part's output before it is added, or ``None``.
+        sources: the source node names it writes, in head order.
+    """
+
+    layer: int
+    kind: str
+    name: str
+    norm: str | None
+    projection: str | None
+    heads: int
+    post_norm: str | None
+    sources: tuple = ()
+
+
+@dataclass
+class NodeMap:
+    """The graph's nodes for one model and node selection.
+
+    Attributes:
+        parts: the parts in forward order (`Part`).
+        sources: every source node name, ``"embed"`` first, in forward order.
+        destinations: every destination name, in forward order, ``"logits"`` last.
+        upstream: ``{destination: number of sources upstream of it}``: the sources upstream of a destination are
+            a prefix of ``sources``.
+        scale: the factor the family multiplies each part's output by before adding it (1.0 on most).
+        layers: ``{source or destination: its layer}`` (``embed``: 0; ``logits``: the number of layers).
+        halve_every: RWKV-4 in eval halves the residual after every ``halve_every``-th block (0: never), so a
+            source reaches a later destination scaled by ``2 ** -(halvings between)`` (`factor`).
+    """
+
+    parts: list
+    sources: list
+    destinations: list
+    upstream: dict
+    scale: float = 1.0
+    #: Layer 0's first part (kind, norm): where the embeddings are read, as that part reads the residual.
+    embed_at: tuple = field(default=("", None))
+    layers: dict = field(default_factory=dict)
+    halve_every: int = 0
+
+    def heads_of(self) -> dict:
+        """``{source: (part name, head index)}`` for every head of an attention layer or mixer (the sources a
+        positional edge splits)."""
+        return {u: (part.name, h) for part in self.parts if part.kind != "mlp" for h, u in enumerate(part.sources)}
+
+    def positional_edges(self, seq: int) -> list:
+        """Every edge split by source position: ``(source, destination, s)`` for a head (``s`` in ``0 .. seq − 1``),
+        ``(source, destination, None)`` for the embeddings and an MLP; destinations in forward order."""
+        heads = self.heads_of()
+        return [(u, v, s) for u, v in self.edges for s in (range(seq) if u in heads else [None])]
+
+    def positional_weights(self, edges: Any, seq: int) -> tuple:
+        """``(whole, terms)``: `weights` of the edges with no position, and ``{destination: {part: [seq, heads]}}``
+        for the positional ones, each its `factor`."""
+        heads, whole, terms = self.heads_of(), [], {}
+        for edge in edges:
+            u, v, s = edge
+            if s is None:
+                whole.append((u, v))
+                continue
+            if u not in heads or not 0 <= s < seq:
+                raise InvalidArgument(f"{edge!r} is not a positional edge: a head of this graph and a source position in 0..{seq - 1}")
+            self.edge_mask([(u, v)])
+            part, h = heads[u]
+            count = next(p.heads for p in self.parts if p.name == part)
+            grid = terms.setdefault(v, {}).setdefault(part, torch.zeros(seq, count))
+            grid[s, h] = self.factor(u, v)
+        return self.weights(whole), terms
+
+    def factor(self, source: str, destination: str) -> float:
+        """How much of ``source``'s output reaches ``destination``'s input (1.0 but where the stream is halved)."""
+        if not self.halve_every:
+            return 1.0
+        start, stop = self.layers[source], self.layers[destination]
+        return 0.5 ** sum(1 for index in range(start, stop) if (index + 1) % self.halve_every == 0)
+
+    def weights(self, edges: Any) -> dict:
+        """``{destination: [upstream sources] float tensor}``: each edge of ``edges`` its `factor`, 0 elsewhere."""
+        mask = self.edge_mask(edges)
+        return {
+            v: torch.tensor([self.factor(u, v) if on else 0.0 for u, on in zip(self.sources, mask[v][: self.upstream[v]])])
+            for v in self.destinations if any(mask[v])
+        }
+
+    @property
+    def edges(self) -> list:
+        """Every edge ``(source, destination)``, destinations in forward order."""
+        return [(u, v) for v in self.destinations for u in self.sources[: self.upstream[v]]]
+
+    def edge_mask(self, edges: Any) -> dict:
+        """``{destination: [bool per source]}``, true where ``(source, destination)`` is in ``edges``; unknown ones raise."""
+        index = {name: i for i, name in enumerate(self.sources)}
+        mask = {v: [False] * len(self.sources) for v in self.destinations}
+        for edge in edges:
+            u, v = edge
+            if v not in mask or u not in index or index[u] >= self.upstream[v]:
+                raise InvalidArgument(
+                    f"({u!r}, {v!r}) is not an edge of this graph: a source of {self.sources[:3]}... upstream of a "
+                    f"destination of {self.destinations}"
+                )
+            mask[v][index[u]] = True
+        return mask
+
+
+def _child(envoy: Any, names: tuple) -> str | None:
+    children = dict(envoy._module.named_children())
+    return next((name for name in names if name in children), None)
+
+
+def _structure_reason(model: Any) -> str | None:
+    """Why this model's parts do not read one plain residual stream, or ``None``."""
+    name = model.family.NAME
+    if name == "zamba2":
+        return (
+            "zamba2's shared transformer block reads the concatenation of the residual and the original embeddings, "
+            "and its output is projected into the mixer's input, not added to one residual stream"
+        )
+    if name == "minimax":
+        return (
+            "MiniMax's blocks carry the normalized stream forward (residual = input_layernorm(x) * alpha + "
+            "part * beta), so no residual stream is a sum of the parts' outputs"
+        )
+    for index, layer in enumerate(model.layers):
+        if layer.self_attn is not None and layer.linear_attn is not None:
+            return (
+                f"layer {index} runs its attention and its mixer in parallel on one norm's output, so the two "
+                "parts do not read separate inputs"
+            )
+    return None
+
+
+def _heads(kind: str, envoy: Any, split: bool) -> int:
+    if not split:
+        return 1
+    if kind == "attention":
+        return int(envoy._module.config.num_attention_heads)
+    return int(envoy.dims().get("mixer_heads", 1))
+
+
+def node_map(model: Any, nodes: Any = ("attention_heads", "mixer_heads", "mlp")) -> NodeMap:
+    """The `NodeMap` of ``model`` for the node kinds ``nodes`` (of `NODE_KINDS`; a kind not listed is in no edge).
+
+    Raises `Unavailable` where the model's parts do not read a plain residual stream (`support` says why).
+    """
+    nodes = (nodes,) if isinstance(nodes, str) else tuple(nodes)
+    unknown = [kind for kind in nodes if kind not in NODE_KINDS]
+    if unknown:
+        raise InvalidArgument(f"nodes={unknown} are not node kinds; the kinds are {NODE_KINDS}")
+    reason = _structure_reason(model)
+    if reason is not None:
+        raise Unavailable("circuits", reason)
+    parts: list = []
+    sources, destinations, upstream = ["embed"], [], {}
+    layers = {"embed": 0, "logits": len(model.layers)}
+    embed_at = None
+    for index, layer in enumerate(model.layers):
+        children = dict(layer._module.named_children())
+        post = all(name in children for name in POST_NORMS)
+        alone = layer.self_attn is None and layer.linear_attn is None
+        for kind, envoy in (("attention", layer.self_attn), ("mixer", layer.linear_attn), ("mlp", layer.mlp)):
+            if envoy is None:
+                continue
+            names_ = (MLP_NORMS[:2] + MLP_NORMS[3:] if post else MLP_NORMS) + (MIXER_NORMS if alone else ()) if kind == "mlp" else MIXER_NORMS
+            norm = _child(layer, names_)
+            if norm is None and not post:
+                raise Unavailable("circuits", f"layer {index}'s {kind} reads the residual through no input norm nnterp knows")
+            embed_at = embed_at or (kind, norm)
+            wanted = {"attention": ("attention_heads", "attention"), "mixer": ("mixer_heads", "mixers"), "mlp": ("mlp",)}[kind]
+            if not any(kind_ in nodes for kind_ in wanted):
+                continue
+            projection = None if kind == "mlp" else _child(envoy, PROJECTIONS)
+            if kind != "mlp" and projection is None:
+                raise Unavailable("circuits", f"layer {index}'s {kind} has no output projection nnterp knows ({PROJECTIONS})")
+            heads = _heads(kind, envoy, wanted[0] in nodes) if kind != "mlp" else 1
+            name = {"attention": f"a{index}", "mixer": f"m{index}", "mlp": f"mlp{index}"}[kind]
+            names = tuple(f"{name}.h{h}" for h in range(heads)) if heads > 1 else (name,)
+            post_norm = (POST_NORMS[1] if kind == "mlp" else POST_NORMS[0]) if post else None
+            upstream[name] = len(sources)
+            layers.update(dict.fromkeys((name, *names), index))
+            destinations.append(name)
+            sources.extend(names)
+            parts.append(Part(index, kind, name, norm, projection, len(names), post_norm, names))
+    destinations.append("logits")
+    upstream["logits"] = len(sources)
+    scale = float(getattr(model.config, "residual_multiplier", 1.0) or 1.0)
+    # RWKV-4 in eval halves the residual after every `rescale_every`-th block (its weights are rescaled to match).
+    halve = int(getattr(model.config, "rescale_every", 0) or 0) if model.family.NAME == "rwkv" and not model._model.training else 0
+    return NodeMap(parts, sources, destinations, upstream, scale, embed_at, layers, halve)
+
+
+def support(model: Any) -> dict:
+    """``{"circuits.<kind>": None | reason}``: which node kinds ``model`` has, and why one is unavailable;
+    ``"circuits.positional"``: whether every head's edges split by source position (`nnterp.circuits.positional`)."""
+    reason = _structure_reason(model)
+    has = {
+        "attention_heads": any(layer.self_attn is not None for layer in model.layers),
+        "mixer_heads": any(layer.linear_attn is not None and "mixer_heads" in layer.linear_attn.dims() for layer in model.layers),
+        "mixers": any(layer.linear_attn is not None for layer in model.layers),
+        "mlp": any(layer.mlp is not None for layer in model.layers),
+    }
+    missing = {
+        "attention_heads": "this model has no attention layer",
+        "mixer_heads": "this model's recurrent mixers have no heads (each is one node, 'm{l}': nodes=('mixers',))",
+        "mixers": "this model has no recurrent mixer",
+        "mlp": "this model has no feed-forward block",
+    }
+    rows = {"circuits.embed": reason, "circuits.logits": reason}
+    for kind, present in has.items():
+        rows[f"circuits.{kind}"] = reason or (None if present else missing[kind])
+    rows["circuits.positional"] = reason or _positional_row(model)
+    return rows
+
+
+def _positional_row(model: Any) -> str | None:
+    """Why some part's edges cannot be split by source position (the first such part), or ``None``."""
+    for part in node_map(model).parts:
+        block = model.layers[part.layer]
+        envoy = {"attention": block.self_attn, "mixer": block.linear_attn, "mlp": block.mlp}[part.kind]
+        why = positional_reason(part, envoy)
+        if why is not None:
+            return f"layer {part.layer}'s {part.kind}: {why}"
+    return None

@@ -1,0 +1,226 @@
+"""Edge patching through one nnsight trace: every node's output read, chosen destinations' inputs edited.
+
+Mental model. `trace_nodes` runs the model once over a batch and, in forward order, reads every source node's
+output (`nnterp.circuits.nodes`) and edits destinations' inputs. Patching a set of edges ``P`` sets each
+destination ``v``'s input to
+
+    input_v + Σ_{u: (u, v) ∈ P} (u_corrupt − u_now)
+
+where ``input_v`` and ``u_now`` are of this run (the residual ``v`` would read, ``u``'s output as this run
+computed it) and ``u_corrupt`` is ``u``'s output in the corrupt run (or its mean over the corrupt batch).
+One edge patched: nothing upstream of ``v`` changed, so ``u_now`` is ``u``'s clean output, and ``v``'s
+input is the clean input plus ``u``'s corrupt − clean difference. Every edge patched: every destination
+reads the corrupt residual (the sum of the corrupt outputs, plus the biases every run shares), which is the
+corrupt forward. Only the part ``v`` reads the edited value: the residual the later parts read is unchanged.
+
+Outputs are ``[batch, seq, sources, hidden]`` in the node map's source order, float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..core.errors import InvalidArgument, ShapeError, WrongType
+from ..recurrent.no_cache import run_kwargs
+from .nodes import NodeMap, node_map
+from .positional import check_positional, head_terms, read_core
+
+__all__ = ["patch_edges", "trace_nodes", "prompt_ids", "NodeRun"]
+
+
+class NodeRun:
+    """What one `trace_nodes` run read.
+
+    Attributes:
+        outputs: ``[batch, seq, sources, hidden]``, every source node's output (float32, detached).
+        logits: ``[batch, seq, vocab]``, float32, detached.
+        values: ``[batch]``, the metric of each row (``None`` without a metric).
+        grads: ``{destination: [batch, seq, hidden]}``, the metric's gradient by the destination's input (with ``grad=True``).
+        terms: ``{part: [batch, seq, seq, heads, hidden]}``, each head's term of target ``t``, source ``s``
+            (with ``positional=True``; `nnterp.circuits.positional`).
+    """
+
+    def __init__(self, outputs: torch.Tensor, logits: torch.Tensor, values: Any, grads: dict, terms: dict | None = None) -> None:
+        self.outputs, self.logits, self.values, self.grads = outputs, logits, values, grads
+        self.terms = terms or {}
+
+
+def prompt_ids(model: Any, prompts: Any, what: str) -> torch.Tensor:
+    """Token ids ``[n, seq]`` of a prompt, a list of prompts of one length, or ids ``[n, seq]`` / ``[seq]``."""
+    if isinstance(prompts, torch.Tensor):
+        ids = prompts.unsqueeze(0) if prompts.dim() == 1 else prompts
+        if ids.dim() != 2 or ids.is_floating_point():
+            raise ShapeError(f"{what}: token ids are an integer tensor [n, seq], got {tuple(prompts.shape)} {prompts.dtype}")
+        return ids
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if not isinstance(prompts, Sequence) or not all(isinstance(p, str) for p in prompts):
+        raise WrongType(f"{what}: a prompt, a list of prompts or ids [n, seq], got {type(prompts).__name__}")
+    rows = [model.tokenizer(p).input_ids for p in prompts]
+    lengths = sorted({len(row) for row in rows})
+    if len(lengths) != 1:
+        raise ShapeError(f"{what}: the prompts are {lengths} tokens long; every prompt of a run must be as long as the others (pad them, or run lengths apart)")
+    return torch.tensor(rows)
+
+
+def _head_shares(projection: Any, value: torch.Tensor, heads: int) -> torch.Tensor:
+    """``[batch, seq, heads, hidden]``: the projection applied to each head's slice of its input (no bias)."""
+    # transformers' Conv1D (gpt2) keeps its weight as [in, out].
+    weight = projection.weight.T if type(projection).__name__ == "Conv1D" else projection.weight
+    batch, seq, width = value.shape
+    if width % heads:
+        raise ShapeError(f"an output projection's input of width {width} does not split into {heads} heads")
+    split = value.reshape(batch, seq, heads, width // heads).to(weight.dtype)
+    return torch.einsum("bthd,ohd->btho", split, weight.reshape(weight.shape[0], heads, width // heads))
+
+
+_PARTS = {"attention": lambda block: block.self_attn, "mixer": lambda block: block.linear_attn, "mlp": lambda block: block.mlp}
+
+
+def _reader(block: Any, kind: str, norm: str | None) -> Any:
+    """The envoy whose input is what a part of ``kind`` reads: its input norm, or the part itself."""
+    return block._child_map[norm] if norm is not None else _PARTS[kind](block)
+
+
+def _unwrap(value: Any) -> torch.Tensor:
+    return value[0] if isinstance(value, tuple) else value
+
+
+def trace_nodes(
+    model: Any,
+    nodes: NodeMap,
+    ids: torch.Tensor,
+    *,
+    patch: dict | None = None,
+    corrupt: torch.Tensor | None = None,
+    metric: Callable | None = None,
+    pairs: torch.Tensor | None = None,
+    grad: bool = False,
+    embeddings: tuple | None = None,
+    positional: bool = False,
+    patch_terms: dict | None = None,
+) -> NodeRun:
+    """One run of ``ids`` reading every node's output, with ``patch`` (``{destination: weight per upstream
+    source}``, `NodeMap.weights`) patched to ``corrupt`` (``[batch or 1, seq, sources, hidden]``).
+
+    ``grad=True``: the metric's gradient by every destination's input (``metric`` required). ``embeddings``:
+    ``(corrupt_embeddings, alpha)``, the embeddings' output replaced by ``corrupt + alpha · (own − corrupt)``.
+    ``positional=True``: every head's per-source terms read too (`nnterp.circuits.positional`), in ``terms``;
+    ``patch_terms`` (``{destination: {part: weight [seq, heads]}}``) patches positional edges, with ``corrupt``
+    then a `NodeRun` with terms.
+    """
+    masks, positional_masks = patch or {}, patch_terms or {}
+    donor_terms = getattr(corrupt, "terms", {})
+    if isinstance(corrupt, NodeRun):
+        corrupt = corrupt.outputs
+    if (masks or positional_masks) and corrupt is None:
+        raise InvalidArgument("trace_nodes: a patch needs the corrupt outputs")
+    run = dict(run_kwargs(model), **(model.family.BACKWARD_KWARGS if grad else {}))
+    found: list = []
+    terms: dict = {}
+    leaves: dict = {}
+    saved: dict = {}
+    context = torch.enable_grad() if grad else torch.no_grad()
+    with context, model.trace(ids, **run):
+        if embeddings is not None:
+            given, alpha = embeddings
+            own = model.embed_tokens.output
+            model.embed_tokens.output = given.to(own.dtype) + alpha * (own - given.to(own.dtype))
+
+        # The embeddings as the first part reads them: its norm's (or its own) input, before any edit.
+        found.append(_reader(model.layers[0], *nodes.embed_at).input.detach().float().unsqueeze(2))
+
+        def read(v: str, envoy: Any) -> None:
+            x = envoy.input
+            edited = x
+            if v in masks:
+                count = nodes.upstream[v]
+                now = torch.cat(found, 2)[:, :, :count]
+                weight = masks[v].to(x.device)
+                edited = edited + torch.einsum("btnd,n->btd", corrupt[:, :, :count].to(x.device) - now, weight).to(x.dtype)
+            for name, weight in positional_masks.get(v, {}).items():
+                difference = donor_terms[name].to(x.device) - terms[name]
+                edited = edited + torch.einsum("btshd,sh->btd", difference, weight.to(x.device)).to(x.dtype)
+            if grad:
+                leaf = torch.zeros_like(x, requires_grad=True)
+                leaves[v] = leaf
+                edited = edited + leaf
+            if edited is not x:
+                envoy.input = edited
+
+        for part in nodes.parts:
+            block = model.layers[part.layer]
+            read(part.name, _reader(block, part.kind, part.norm))
+            envoy = _PARTS[part.kind](block)
+            if part.kind == "mlp":
+                out = _unwrap(envoy.output).unsqueeze(2)
+                if part.post_norm is not None:
+                    out = block._child_map[part.post_norm].output.unsqueeze(2)
+            else:
+                core = read_core(envoy, part.kind) if positional else None
+                projection = envoy._child_map[part.projection]
+                projected = projection.input
+                out = _head_shares(projection._module, projected, part.heads)
+                if core is not None:
+                    weight = projection._module.weight
+                    terms[part.name] = head_terms(*core, projected, weight, part.heads) * nodes.scale
+                if part.post_norm is not None:
+                    post = block._child_map[part.post_norm]
+                    before, after = post.input, post.output
+                    # The norm's factor of this run, per element: the shares scale by it and still sum to its output.
+                    safe = torch.where(before == 0, torch.ones_like(before), before)
+                    factor = torch.where(before == 0, torch.zeros_like(before), after / safe).float()
+                    out = out * factor.unsqueeze(2)
+                    if core is not None:
+                        terms[part.name] = terms[part.name] * factor[:, :, None, None]
+            found.append((out * nodes.scale).detach().float())
+        read("logits", model.ln_final)
+        logits = model.logits
+        saved["logits"] = logits.detach().float().save()
+        if metric is not None:
+            values = metric(logits, pairs)
+            if not isinstance(values, torch.Tensor) or values.shape != (ids.shape[0],):
+                got = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
+                raise ShapeError(f"metric(logits, pairs) must return one value per prompt, [{ids.shape[0]}], got {got}")
+            saved["values"] = values.detach().float().save()
+            if grad:
+                values.sum().backward(inputs=list(leaves.values()))
+        saved["outputs"] = torch.cat(found, 2).save()
+        saved["terms"] = {name: value.detach() for name, value in terms.items()}
+    grads = {v: leaf.grad.float() for v, leaf in leaves.items()} if grad else {}
+    return NodeRun(saved["outputs"], saved["logits"], saved.get("values"), grads, saved["terms"])
+
+
+def patch_edges(
+    model: Any,
+    clean: Any,
+    corrupt: Any,
+    edges: Any,
+    nodes: Any = ("attention_heads", "mixer_heads", "mlp"),
+    ablation: str = "corrupt",
+) -> torch.Tensor:
+    """The clean prompts' logits ``[n, seq, vocab]`` (float32) with ``edges`` (``[(source, destination), ...]``;
+    ``(source, destination, s)`` for a head's positional edge, `nnterp.circuits.positional`) patched to their
+    corrupt value (``ablation="corrupt"``: each pair's corrupt prompt; ``"mean"``: the mean over the corrupt
+    prompts, per position). ``clean`` and ``corrupt``: prompts of one length, or ids ``[n, seq]``.
+    """
+    graph = nodes if isinstance(nodes, NodeMap) else node_map(model, nodes)
+    clean_ids, corrupt_ids = prompt_ids(model, clean, "clean"), prompt_ids(model, corrupt, "corrupt")
+    if ablation not in ("corrupt", "mean"):
+        raise InvalidArgument(f"ablation is 'corrupt' or 'mean', got {ablation!r}")
+    if clean_ids.shape[1] != corrupt_ids.shape[1] or (ablation == "corrupt" and clean_ids.shape[0] != corrupt_ids.shape[0]):
+        raise ShapeError(f"clean {tuple(clean_ids.shape)} and corrupt {tuple(corrupt_ids.shape)} must be pairs of one length")
+    edges = [tuple(edge) for edge in edges]
+    positional = any(len(edge) == 3 for edge in edges)
+    if positional:
+        check_positional(model, graph)
+        whole, terms = graph.positional_weights([edge if len(edge) == 3 else (*edge, None) for edge in edges], clean_ids.shape[1])
+    else:
+        whole, terms = graph.weights(edges), {}
+    donor = trace_nodes(model, graph, corrupt_ids, positional=positional)
+    if ablation == "mean":
+        donor = NodeRun(donor.outputs.mean(0, keepdim=True), None, None, {}, {k: v.mean(0, keepdim=True) for k, v in donor.terms.items()})
+    return trace_nodes(model, graph, clean_ids, patch=whole, patch_terms=terms, corrupt=donor, positional=positional).logits

@@ -1,0 +1,121 @@
+"""`nnterp.circuits.edge_attribution`: EAP and EAP-IG scores.
+
+Oracles: the single-edge patch itself (`patch_edges`, checked against plain transformers in
+test_patching.py): EAP is the derivative of the metric along that patch at zero (a central finite
+difference of a patch scaled by ±ε), and its rank correlation with the full patch's effect is measured;
+EAP-IG's scores out of the embeddings sum to the metric's change along the path from corrupt to clean
+(completeness of integrated gradients, against two plain forwards).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nnterp import circuits
+from nnterp.attribution import rank_correlation
+from nnterp.circuits.patching import trace_nodes
+from nnterp.components.gated_deltanet import LinearAttention
+from nnterp.components.state_space import StateSpace
+
+from .kinds import BY_KIND, PLAIN
+
+#: One family per mixer kind, plus a plain transformer: gated DeltaNet, Kimi, Mamba-1, Mamba-2, RWKV-4, mLSTM, RG-LRU, short convolution.
+KINDS = [PLAIN, *sorted(BY_KIND.values())]
+N, SEQ = 4, 8
+
+
+def _task(model, seed: int = 0, at: slice = slice(5, 6)):
+    """Prompt pairs differing at tokens ``at``, and the logit difference between the clean and corrupt top tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    clean = torch.randint(3, 200, (N, SEQ), generator=generator)
+    corrupt = clean.clone()
+    corrupt[:, at] = torch.randint(3, 200, corrupt[:, at].shape, generator=generator)
+    ends = [trace_nodes(model, circuits.node_map(model), ids).logits[:, -1] for ids in (clean, corrupt)]
+    good = ends[0].argmax(-1)
+    bad = torch.where(ends[1].argmax(-1) == good, ends[1].topk(2).indices[:, 1], ends[1].argmax(-1))
+    return clean, corrupt, circuits.logit_difference(good, bad)
+
+
+def _patched(model, graph, clean, donor, metric, weights) -> float:
+    return float(trace_nodes(model, graph, clean, patch=weights, corrupt=donor, metric=metric, pairs=torch.arange(N)).values.mean())
+
+
+@pytest.mark.parametrize("model_type", KINDS)
+def test_eap_is_the_derivative_of_the_one_edge_patch(model_type, load):
+    model = load(model_type)
+    clean, corrupt, metric = _task(model)
+    graph = circuits.node_map(model)
+    scores = circuits.edge_attribution(model, clean, corrupt, metric, method="eap", progress=False).scores
+    donor = trace_nodes(model, graph, corrupt).outputs
+    epsilon, derivative = 1e-2, []
+    for edge in graph.edges:
+        weights = graph.weights([edge])
+        up = _patched(model, graph, clean, donor, metric, {v: w * epsilon for v, w in weights.items()})
+        down = _patched(model, graph, clean, donor, metric, {v: -w * epsilon for v, w in weights.items()})
+        derivative.append((up - down) / (2 * epsilon))
+    derivative = torch.tensor(derivative)
+    assert scores.abs().max() > 1e-2
+    # A mixture of experts' router can switch within ±ε (a step the gradient does not see): compare where it did not.
+    smooth = (scores - derivative).abs() < 0.5 * derivative.abs().max()
+    assert smooth.float().mean() >= 0.95
+    torch.testing.assert_close(scores[smooth], derivative[smooth], atol=2e-2 * float(derivative.abs().max()), rtol=2e-2)
+
+
+@pytest.mark.parametrize("model_type", KINDS)
+def test_scores_rank_the_edges_as_their_patches_do(model_type, load):
+    """Measured, not tuned: each score against the full single-edge patch (the docs table). A floor, far under it."""
+    model = load(model_type)
+    clean, corrupt, metric = _task(model, seed=1)
+    graph = circuits.node_map(model)
+    base = float(metric(circuits.patch_edges(model, clean, corrupt, []), torch.arange(N)).mean())
+    effects = torch.tensor([float(metric(circuits.patch_edges(model, clean, corrupt, [e]), torch.arange(N)).mean()) - base for e in graph.edges])
+    for method in ("eap", "eap-ig"):
+        scores = circuits.edge_attribution(model, clean, corrupt, metric, method=method, steps=10, progress=False).scores
+        correlation = rank_correlation(scores, effects)
+        print(f"{model_type} {method} spearman {correlation:.3f}")
+        assert correlation >= 0.5
+
+
+@pytest.mark.parametrize("model_type", [PLAIN, BY_KIND[LinearAttention], BY_KIND[StateSpace]])
+def test_eap_ig_out_of_the_embeddings_sums_to_the_metrics_change(model_type, load, plains):
+    model, plain = load(model_type), plains(model_type)
+    clean, corrupt, metric = _task(model, seed=2, at=slice(None))
+    steps = 64
+    graph = circuits.edge_attribution(model, clean, corrupt, metric, method="eap-ig", steps=steps, progress=False)
+    total = sum(score for (u, _), score in zip(graph.edges, graph.scores.tolist()) if u == "embed")
+    with torch.no_grad():
+        kwargs = circuits.patching.run_kwargs(model)
+        change = float((metric(plain(corrupt, **kwargs).logits, torch.arange(N)) - metric(plain(clean, **kwargs).logits, torch.arange(N))).mean())
+    assert abs(change) > 1.0
+    # A left Riemann sum over `steps` points: within a few percent of the path integral.
+    assert total == pytest.approx(change, rel=0.1)
+
+
+def test_scores_are_averaged_over_pairs_and_batches_alike(load):
+    model = load("qwen3_5_text")
+    clean, corrupt, metric = _task(model, seed=3)
+    whole = circuits.edge_attribution(model, clean, corrupt, metric, progress=False)
+    batched = circuits.edge_attribution(model, clean, corrupt, metric, batch_size=3, progress=False)
+    torch.testing.assert_close(whole.scores, batched.scores, atol=1e-4, rtol=1e-4)
+    one = circuits.edge_attribution(model, clean[:1], corrupt[:1], metric, progress=False)
+    assert not torch.allclose(one.scores, whole.scores, atol=1e-4)
+
+
+def test_a_wrong_call_says_what_to_pass_and_leaves_the_model_as_it_was(load):
+    from nnterp import ShapeError, Unavailable
+
+    model = load("qwen3_5_text")
+    clean, corrupt, metric = _task(model, seed=4)
+    before = {name: p.detach().clone() for name, p in model._model.named_parameters()}
+    with pytest.raises(ShapeError, match="one value per prompt"):
+        circuits.edge_attribution(model, clean, corrupt, lambda logits, pairs: logits.sum(), progress=False)
+    with pytest.raises(ValueError, match="'eap' or 'eap-ig'"):
+        circuits.edge_attribution(model, clean, corrupt, metric, method="ig", progress=False)
+    with pytest.raises(ShapeError, match="pairs of prompts of one length"):
+        circuits.edge_attribution(model, clean, corrupt[:, :-1], metric, progress=False)
+    with torch.inference_mode(), pytest.raises(Unavailable, match="inference_mode"):
+        circuits.edge_attribution(model, clean, corrupt, metric, progress=False)
+    assert all(torch.equal(p, before[name]) for name, p in model._model.named_parameters())
+    assert all(p.grad is None for p in model._model.parameters())
+    torch.testing.assert_close(circuits.patch_edges(model, clean, corrupt, []), trace_nodes(model, circuits.node_map(model), clean).logits)
