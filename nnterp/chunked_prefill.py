@@ -31,7 +31,7 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 
 from .selection import recurrent_layers
 
-__all__ = ["Carry", "ChunkedPrefill"]
+__all__ = ["Carry", "ChunkedPrefill", "cache_keyword"]
 
 
 @dataclass
@@ -54,8 +54,7 @@ class ChunkedPrefill:
         self.cache_positions = "cache_position" in parameters
         self.softmax = [i for i, layer in enumerate(model.layers) if getattr(layer, "self_attn", None) is not None]
         self.attends = len(self.recurrent) < len(model.layers) or bool(self.softmax)
-        # transformers 5.24 renamed the cache's keyword (and the output's field) to ``cache``; the old names warn.
-        self.argument = "cache" if "cache" in parameters else family.CACHE_ARGUMENT
+        self.argument = cache_keyword(parameters, family.CACHE_ARGUMENT)
         self.writes_state, self.writes_window = bool(family.CHUNK_STATE_INPUT), bool(family.CHUNK_WINDOW_INPUT)
 
     def first(self) -> Carry:
@@ -85,7 +84,8 @@ class ChunkedPrefill:
         config = self.model._module.config
         create = create_causal_mask if getattr(config, "sliding_window", None) is None else create_sliding_window_causal_mask
         embeds = torch.empty(1, end - start, config.hidden_size, dtype=self.model._module.dtype)  # its shape and dtype
-        common = dict(config=config, inputs_embeds=embeds, attention_mask=torch.ones(1, end, dtype=torch.long), cache=cache)
+        keyword = cache_keyword(inspect.signature(create).parameters, "past_key_values")
+        common = {"config": config, "inputs_embeds": embeds, "attention_mask": torch.ones(1, end, dtype=torch.long), keyword: cache}
         return {layer: create(**common, position_ids=torch.arange(start, end)[None], layer_idx=layer) for layer in self.softmax}
 
     def layers(self, masks: dict) -> Any:
@@ -137,6 +137,16 @@ class ChunkedPrefill:
             states={layer: saved[("state", layer)] for layer in self.recurrent if ("state", layer) in saved},
             windows={layer: saved[("window", layer)] for layer in self.recurrent if ("window", layer) in saved},
         )
+
+
+def cache_keyword(parameters: Any, declared: str) -> str:
+    """The keyword a forward (or mask function) of the installed transformers takes its cache by, and the field its
+    output returns it in: transformers 5.24 renamed them all to ``cache`` (before: ``past_key_values``, Mamba's
+    ``cache_params``); a name the signature lacks would be swallowed by ``**kwargs`` and the cache silently dropped."""
+    for name in ("cache", declared, "cache_params", "past_key_values"):
+        if name in parameters:
+            return name
+    return declared
 
 
 def zero_window(mixer: Any) -> None:

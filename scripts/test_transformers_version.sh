@@ -13,7 +13,8 @@
 # release by `nnterp.testing` ($NNTERP_CACHE), so the first run of a release also builds its fixtures.
 #
 # Without a test path among the pytest args it runs the contract suite, the component suites (the recurrent
-# mixers'), the family suites, the fast path's and the oracles' own tests; the exit status is pytest's.
+# mixers'), the family suites, the fast path's and the oracles' own tests, and the long-context profile (whose
+# chunked prefill depends on the release's cache keyword and cache layout); the exit status is pytest's.
 set -euo pipefail
 
 if [[ $# -lt 1 || "$1" == -* ]]; then
@@ -56,7 +57,7 @@ for arg in "$@"; do
     [[ "$arg" != -* && -e "${arg%%::*}" ]] && paths=1
 done
 if [[ $paths -eq 0 ]]; then
-    set -- "$@" tests/test_contract.py tests/components tests/families tests/recurrent tests/fast tests/reference
+    set -- "$@" tests/test_contract.py tests/components tests/families tests/recurrent tests/fast tests/reference tests/test_long_context.py
 fi
 echo "== transformers $installed: pytest $*" >&2
 exec "$venv/bin/python" -m pytest "$@"

@@ -45,14 +45,18 @@ class RecurrentGemma(Llama):
     DECODER_LAYERS = (MODELING.RecurrentGemmaDecoderLayer,)
     COMPONENTS = {MODELING.RecurrentGemmaAttention: Attention, MODELING.RecurrentGemmaRecurrentBlock: RGLRU}
     MIXER = RGLRU
+    #: transformers 5.24 names the blocks' layer types (``linear_attention``, ``sliding_attention``), so that its
+    #: ``DynamicCache`` keeps keys for the attention blocks only; before, every block gets a sliding-window layer, the
+    #: cache's length is read from a recurrent block's (always 0) and a continued chunk's attention mask is misplaced.
+    MENDABLE = "linear_attention" in MODELING.TEMPORAL_BLOCK_CLASSES
     CHUNKS_DIFFER = (
         "transformers' RecurrentGemma forward returns no cache, and a call passed none resets the RG-LRU state and "
         "convolution window its modules keep (and keeps no earlier keys for its attention blocks); a prompt of several "
         "tokens also convolves over zeros, not the window its block keeps"
-    )
+    ) + ("" if MENDABLE else "; before transformers 5.24 its cache also misplaces a continued chunk's attention mask, which nnterp does not mend")
     #: Mended by passing the first chunk a cache (`first_cache`) and writing each block's window and state.
-    CHUNK_STATE_INPUT = True
-    CHUNK_WINDOW_INPUT = True
+    CHUNK_STATE_INPUT = MENDABLE
+    CHUNK_WINDOW_INPUT = MENDABLE
     PADDING_DIFFERS = (
         "transformers' recurrent block ignores the attention mask: a left-padded row's RG-LRU restarts at its first "
         "token (its position 0), but the padding's inputs enter its first conv_width - 1 tokens' convolution, so the "
@@ -79,8 +83,9 @@ class RecurrentGemma(Llama):
     }
 
     @classmethod
-    def first_cache(cls, config) -> DynamicCache:
-        return DynamicCache(config=config)  # for the attention blocks' keys: the forward makes one but returns none
+    def first_cache(cls, config) -> DynamicCache | None:
+        # for the attention blocks' keys: the forward makes one but returns none
+        return DynamicCache(config=config) if cls.MENDABLE else None
 
     @classmethod
     def logits_softcap(cls, config) -> float | None:
