@@ -20,9 +20,11 @@ values, and where transformers' forward does not continue exactly from it
   softmax layer the mask transformers' mask function builds at its index;
 * RecurrentGemma: the forward returns no cache and its prefill convolves over
   zeros: nnterp passes the first chunk a cache (for the attention blocks) and
-  writes each block's ``conv_state_input`` and ``state_input`` per chunk.
+  writes each block's ``conv_state_input`` and ``state_input`` per chunk
+  (from transformers 5.24; before, its cache misplaces a continued chunk's
+  attention mask, and it runs in one chunk).
 
-A family whose chunks nothing mends would be refused beyond one chunk. So
+A family whose chunks nothing mends is refused beyond one chunk. So
 memory holds one chunk's values, the model and its cache (and a state per
 recurrent layer where nnterp writes it): constant on a recurrent-only model,
 while a hybrid's attention cache grows with the length (as in ``generate``).
