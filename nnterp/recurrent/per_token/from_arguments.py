@@ -61,7 +61,7 @@ from ...core.values import check_expected, replace_in
 from ...fast.buffers import empty_states
 from ..call import Call
 from ..gradients import recording, records_any
-from ..kernels import bound, modeling_of, runs_pure_torch
+from ..kernels import runs_pure_torch
 from ..settings import states_dtype
 from .protocol import Mixer, PerToken
 
@@ -118,7 +118,7 @@ class FromArguments(PerToken):
                 if done is not None:
                     return done[0]
         args, kwargs = cut(cls.CHUNK_ARGUMENTS, cls.FAST.tokens, call.arguments, lo, hi, initial, final)
-        result = bound(modeling_of(mixer.hf_module()), cls.CHUNK_FUNCTION)(*args, **kwargs)
+        result = mixer.kernel_function()(*args, **kwargs)
         if initial is not None and "state" not in cls.CHUNK_ARGUMENTS:
             # The kernel started from zeros: add what the start state contributes to its output and final state.
             result = cls.FAST.resume(piece(cls.FAST, call.strategy["named"], lo, hi, None), initial, result)

@@ -94,6 +94,10 @@ class Mixer(Protocol):
     def pure_torch_kernel(self) -> bool:
         """Whether the prompt's kernel call runs transformers' own pure-torch body now (what a one pass replaces)."""
 
+    def kernel_function(self) -> Callable:
+        """The prompt kernel as its call source calls it: the function bound to ``CHUNK_FUNCTION`` in the modeling
+        module, or a method call's method bound to its module (the RG-LRU's ``_rnn_scan``); a split call runs it."""
+
     def run_kernel(self, call: Call, lo: int, hi: int, initial: Any) -> Any:
         """A method-call source's kernel (the mLSTM's backend) on tokens ``[lo, hi)`` of ``call``, from ``initial``:
         its own return, so a split call is its parts' returns joined."""
