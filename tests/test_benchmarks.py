@@ -47,7 +47,7 @@ def test_its_own_one_pass_rows_follow_the_components_switches(results):
     from benchmarks import cases
     from nnterp.families import REGISTRY
 
-    assert cases.OWN_ONE_PASSES, "lightning attention, the mLSTM and WKV each have their own one pass"
+    assert cases.OWN_ONE_PASSES, "lightning attention and the mLSTM each have their own one pass (RWKV-4: a fast path's)"
     for kind, switch in cases.OWN_ONE_PASSES.items():
         assert kind.FAST is None and switch.ONE_PASS is True, kind.__name__
     configs = models.configs(True)

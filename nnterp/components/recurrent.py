@@ -87,7 +87,7 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
     ONE_STEP_DECODE: bool = False
     CHUNKED_SCAN: bool = False
     FAST: FastSpec | None = None
-    OWN_ONE_PASS: Callable | None = None  # its own one pass where it has no fast path (`Mixer.OWN_ONE_PASS`)
+    OWN_ONE_PASS: Callable | None = None  # its own strategy's one pass (`Mixer.OWN_ONE_PASS`)
     #: Its effective attention (`nnterp.fast.spec`), from the kernel call's arguments, or ``None``.
     EFFECTIVE: EffectiveSpec | None = None
     #: Values of this component no gradient reaches, beyond the shared ones (`gradient_support.NEVER`): name -> why.
@@ -196,12 +196,12 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
         return Key(at_kernel, f"kernel.{attribute}")
 
     def record(self) -> Call:
-        """This call's `Call`, made once per call when the kernel starts (decodes: the entry's, or the decode kernel's)."""
+        """This call's `Call`, made when the kernel starts (decodes: `kernel_of`'s test, also for RWKV-4's one kernel)."""
 
         def make() -> Call:
             entry = self._call()  # reads the mixer's input: instruments the call source first (`KERNEL`)
             kernel = self.kernel_of(entry)
-            decodes, op = entry.get("decodes", kernel == self.RECURRENT_KERNEL), getattr(self.kernel_source(), kernel)
+            decodes, op = entry.get("decodes", entry["continues"] and entry["seq"] == 1), getattr(self.kernel_source(), kernel)
             return Call.at_start(self, kernel, op, decodes, entry["kernels"][kernel], self.SEQ_ARGUMENT)
 
         return per_call(self, "call", make)

@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM
 from nnterp import StandardizedTransformer, fast_states
 from nnterp.components.selective_scan import SelectiveScan
 from nnterp.components.state_space import StateSpace
+from nnterp.components.wkv import WKV
 from nnterp.families import REGISTRY
 from nnterp.recurrent.per_token import from_arguments
 from tests.recurrent.test_from_arguments import (  # noqa: F401 (loaded: a fixture)
@@ -134,13 +135,15 @@ def test_two_invokes_sharing_a_call_run_the_kernel(loaded):
 
 #: Mamba-1 and Mamba-2 families: transformers' torch kernel (a token loop, a chunk scan) is slower than the pass.
 RING = [t for t in FAST if issubclass(REGISTRY[t].MIXER, (SelectiveScan, StateSpace))]
+#: RWKV-4's: its one pass is float32 only (its kernel mixes the model's dtype into the state's float32 updates).
+FLOAT32 = [t for t in FAST if issubclass(REGISTRY[t].MIXER, WKV)]
 #: The delta rule's and the RG-LRU's families: transformers' torch kernels compute in float32 from any dtype and round
 #: their output only.
-DELTA = [t for t in FAST if t not in RING]
+DELTA = [t for t in FAST if t not in RING and t not in FLOAT32]
 
 
-@pytest.mark.parametrize("model_type", RING[:1])
-def test_a_bfloat16_mamba_model_runs_the_kernel(checkpoint, model_type):
+@pytest.mark.parametrize("model_type", RING[:1] + FLOAT32)
+def test_a_bfloat16_mamba_or_rwkv_model_runs_the_kernel(checkpoint, model_type):
     # The pure-torch body rounds its states to the model's dtype before its readout: one pass would not equal it.
     model = StandardizedTransformer(str(checkpoint(model_type)), dispatch=True, device="cpu", dtype=torch.bfloat16)
     ids = model.tokenizer(LONG, return_tensors="pt").input_ids

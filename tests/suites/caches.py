@@ -203,5 +203,6 @@ def _stack(states: list):
 def of_kind(mixer: type) -> Cache:
     """The adapter of a kind with a fast path, for the tests run over every such kind (its suite's ``CACHE``)."""
     from nnterp.components.rg_lru import RGLRU
+    from nnterp.components.wkv import WKV
 
-    return ModuleState() if issubclass(mixer, RGLRU) else Cache()
+    return ModuleState() if issubclass(mixer, RGLRU) else WKVState() if issubclass(mixer, WKV) else Cache()

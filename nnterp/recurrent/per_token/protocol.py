@@ -34,7 +34,7 @@ class Mixer(Protocol):
     #: whether the prompt kernel is Mamba-2's chunk scan.
     FAST: Any
     EFFECTIVE: Any
-    #: A kind's own one pass where it has no fast path (RWKV-4's loop, the mLSTM's backend), run by the one
+    #: A kind's own strategy's one pass (the mLSTM's backend; RWKV-4's loop, its fast path's), run by the one
     #: switch (`nnterp.recurrent.per_token.from_arguments.one_pass`) as a `FastSpec`'s ``one_pass``; or ``None``.
     OWN_ONE_PASS: Any
     CHUNK_ARGUMENTS: dict
