@@ -44,13 +44,14 @@ SWEEP_BATCH_ROW = f"{SWEEP_CELLS} invokes of the prompt, nothing knocked out (th
 OWN_TWO_PASSES = "own strategy with one_pass off: the forward's own recurrence, then a states pass"
 
 
-#: ``{mixer component: the module of its one-pass switch}``, for every registered recurrent kind with its own one pass
-#: (``OWN_ONE_PASS``: it has no fast path); every one pass is switched by `from_arguments.ONE_PASS`.
+#: ``{mixer component: the module of its one-pass switch}``, for every registered recurrent kind timed on its own
+#: strategy (no fast path) whose own strategy has a one pass (``OWN_ONE_PASS``: the mLSTM's backend); every one pass is
+#: switched by `from_arguments.ONE_PASS` (a kind with a fast path is timed with it: ``TWO_PASSES``).
 OWN_ONE_PASSES = {
     kind: from_arguments
     for kind in dict.fromkeys(family.MIXER for family in families() if family.MIXER is not None)
     # Lightning attention's one pass is its own strategy's (`per_token.forward.FromForward.one_pass`).
-    if getattr(kind, "OWN_ONE_PASS", None) is not None or issubclass(kind, LightningAttention)
+    if kind.FAST is None and (kind.OWN_ONE_PASS is not None or issubclass(kind, LightningAttention))
 }
 
 

@@ -6,8 +6,13 @@ import pytest
 
 from benchmarks import cases, models, run
 
-#: The kinds with no fast path, whose states the runner times as their own strategy serves them.
-OWN = ("lightning_attention", "rg_lru", "wkv", "mlstm", "short_convolution")
+
+def own_kinds() -> list:
+    """The kinds with no fast path (no ``FAST`` spec, from the registry), whose states the runner times as their own
+    strategy serves them."""
+    from nnterp.families import REGISTRY
+
+    return [name for name, config in models.configs(True).items() if REGISTRY[type(config).model_type].MIXER.FAST is None]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +47,7 @@ def test_its_own_one_pass_rows_follow_the_components_switches(results):
     from benchmarks import cases
     from nnterp.families import REGISTRY
 
-    assert cases.OWN_ONE_PASSES, "lightning attention, the mLSTM and WKV each have their own one pass"
+    assert cases.OWN_ONE_PASSES, "lightning attention and the mLSTM each have their own one pass (RWKV-4: a fast path's)"
     for kind, switch in cases.OWN_ONE_PASSES.items():
         assert kind.FAST is None and switch.ONE_PASS is True, kind.__name__
     configs = models.configs(True)
@@ -82,7 +87,8 @@ def test_every_family_times_its_calls_against_the_plain_forward(results):
 
 def test_kinds_without_a_fast_path_time_their_own_strategy_and_say_why(results):
     found, text = results
-    for name in OWN:
+    assert own_kinds(), "the kinds with no fast path"
+    for name in own_kinds():
         family = found["families"][name]
         assert not family["fast"] and family["own"], name
         for length, data in family["lengths"].items():

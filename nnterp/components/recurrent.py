@@ -1,16 +1,14 @@
 """RecurrentMixer: how a recurrent mixer's values are reached, whatever the values are.
 
-A recurrent mixer (a gated DeltaNet, a state-space layer) runs its sequence through a kernel function the modeling
-module calls: one kernel for a prompt, another for a one-token step over a cached state (a decode step of
-``generate``), picked by the forward's own test. Its values are the arguments and results of that call. What differs
-between mixers is which arguments mean what (a signature table per kernel, `nnterp.recurrent.arguments`) and how a
-state is written inside a call (the hooks a strategy calls, `nnterp.recurrent.per_token.protocol.Mixer`); what they
-share is declared here: which kernel fires (`KERNEL`, once per call), the values of the per-call record
-(`nnterp.recurrent.call.Call`: the arguments, the state entering and leaving the call, effective attention), and the
-state after every token, served by the strategy `nnterp.recurrent.per_token.strategy_for` chooses for this mixer of
-this model. A subclass names its kernels, its reference HF class and its signature tables in class constants and
-declares its values; the labels (``CHUNK_KERNEL``, ``STATE_OP``, ...) are found in the installed release's source
-(`nnterp.recurrent.labels`), per HF mixer class; no class is mutated.
+A recurrent mixer (a gated DeltaNet, a state-space layer) runs its sequence through a kernel the modeling module calls:
+one kernel for a prompt, another for a one-token step over a cached state (a decode step of ``generate``), picked by the
+forward's own test. Its values are the arguments and results of that call. What differs between mixers is which
+arguments mean what (a signature table per kernel, `nnterp.recurrent.arguments`) and how a state is written inside a
+call (the hooks a strategy calls, `nnterp.recurrent.per_token.protocol.Mixer`); what they share is declared here: which
+kernel fires (`KERNEL`, once per call), the values of the per-call record (`nnterp.recurrent.call.Call`: the arguments,
+the states entering and leaving the call, effective attention), and the state after every token, served by the strategy
+`nnterp.recurrent.per_token.strategy_for` chooses. A subclass declares its kernels, reference HF class, signature tables
+and values; the labels (``CHUNK_KERNEL``, ...) are found per HF mixer class (`nnterp.recurrent.labels`).
 
 Conventions, stated once: ``seq`` is the tokens of *this call* (the prompt, or the one token of a decode step), and
 every per-token position ``t`` counts from the call's own first token. A state is float32 whatever the model's dtype.
@@ -89,7 +87,7 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
     ONE_STEP_DECODE: bool = False
     CHUNKED_SCAN: bool = False
     FAST: FastSpec | None = None
-    OWN_ONE_PASS: Callable | None = None  # its own one pass where it has no fast path (`Mixer.OWN_ONE_PASS`)
+    OWN_ONE_PASS: Callable | None = None  # its own strategy's one pass (`Mixer.OWN_ONE_PASS`)
     #: Its effective attention (`nnterp.fast.spec`), from the kernel call's arguments, or ``None``.
     EFFECTIVE: EffectiveSpec | None = None
     #: Values of this component no gradient reaches, beyond the shared ones (`gradient_support.NEVER`): name -> why.
@@ -177,9 +175,8 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
     def KERNEL(envoy: RecurrentMixer) -> str:
         """The kernel call that fires on this call of the mixer, decided once per call (`per_call`).
 
-        The forward's own test: the token-by-token update for one token over a cached state, the prompt's kernel
-        for everything else (several tokens over a cached state included). It is applied to the call's inputs,
-        which fire on every call, so a step of ``tracer.iter`` is pinned by its first read whatever is read first.
+        The forward's own test (`kernel_of`), applied to the call's inputs, which fire on every call (several tokens
+        over a cached state run the prompt's kernel), so a step of ``tracer.iter`` is pinned by its first read.
         """
         envoy.kernel_source()  # instrument the forward before it runs; see routing for why the moment matters
         return per_call(envoy, "kernel", lambda: envoy.kernel_of(envoy._call()))
@@ -199,13 +196,12 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
         return Key(at_kernel, f"kernel.{attribute}")
 
     def record(self) -> Call:
-        """This call's `Call`, made once per call when the kernel starts (decodes: the entry's ``"decodes"``, else
-        whether the decode kernel fired)."""
+        """This call's `Call`, made when the kernel starts (decodes: `kernel_of`'s test, also for RWKV-4's one kernel)."""
 
         def make() -> Call:
             entry = self._call()  # reads the mixer's input: instruments the call source first (`KERNEL`)
             kernel = self.kernel_of(entry)
-            decodes, op = entry.get("decodes", kernel == self.RECURRENT_KERNEL), getattr(self.kernel_source(), kernel)
+            decodes, op = entry.get("decodes", entry["continues"] and entry["seq"] == 1), getattr(self.kernel_source(), kernel)
             return Call.at_start(self, kernel, op, decodes, entry["kernels"][kernel], self.SEQ_ARGUMENT)
 
         return per_call(self, "call", make)
@@ -213,6 +209,10 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
     def kernel_source(self) -> Any:
         """The call source: the ``.source`` whose op is the kernel call (the forward's; a method call's, RG-LRU)."""
         return self.source
+
+    def kernel_function(self) -> Callable:
+        """What a split call runs (`Mixer.kernel_function`): ``CHUNK_FUNCTION`` as bound in the modeling module now."""
+        return vars(modeling_of(self._module))[self.CHUNK_FUNCTION]
 
     # -- the kernel's arguments by name (the record serves and assigns them: `Call.serve`, `Call.assign`) --
 
@@ -328,16 +328,16 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
     def states_of(self, positions: Any) -> torch.Tensor:
         """The states after tokens ``positions`` of this call only, ``[batch, len(positions), ...state]``, float32.
 
-        ``positions``: a sequence of ints (a list, a tuple, a range, a 1-d tensor), negative ones counting from
-        the call's end, in the order given (repeats allowed). Equal to ``states[:, positions]``; with
-        ``fast_states(model)`` only the tokens up to the last selected one are computed, and memory is the
-        selection plus one block of tokens. Order: as `state_after` at each of them. Gradients: the result is a
-        new tensor the model does not read, so its ``.grad`` never comes; read ``states.grad`` or
-        ``state_after(t).grad`` (on the fast path, under autograd, it is a function of the kernel's arguments).
+        ``positions``: a sequence of ints (a list, a tuple, a range, a 1-d tensor), negative ones counting from the
+        call's end, in the order given (repeats allowed). Equal to ``states[:, positions]``; with ``fast_states(model)``
+        only the tokens up to the last selected one are computed, and memory is the selection plus one block of
+        tokens. Order: as `state_after` at each of them. Gradients: the result is a new tensor the model does not
+        read, so its ``.grad`` never comes; read ``states.grad`` or ``state_after(t).grad``.
         """
-        if type(self).state_after is not RecurrentMixer.state_after:  # a kind's own state_after (a window, a method's loop)
-            return per_token.OWN_STATE_AFTER.states_of(self, positions)
-        return once_per_call(self, STRATEGY, per_token.strategy_for).states_of(self, positions)
+        strategy = once_per_call(self, STRATEGY, per_token.strategy_for)
+        if type(self).state_after is not RecurrentMixer.state_after and not isinstance(strategy, per_token.FromArguments):
+            strategy = per_token.OWN_STATE_AFTER  # a kind's own state_after (a window; the RG-LRU's decode step)
+        return strategy.states_of(self, positions)
 
     def set_state_after(self, t: int, value: torch.Tensor) -> None:
         """Assign the state after token ``t``: the tokens after it continue from ``value``.

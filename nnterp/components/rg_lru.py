@@ -29,8 +29,8 @@ Values, in forward order, all tokens first (``seq`` is this call's tokens):
 * ``attention_values`` ``[batch, seq, lru_width]``: u_t, what each token adds to the state.
 * ``state_input`` ``[batch, lru_width]``: the state entering the call, ``None`` when
   the call starts at position 0 (the reset discards it: every prompt).
-* ``state`` / ``states`` ``[batch, seq, lru_width]`` / ``state_after`` /
-  ``set_state_after``: h_t after every token (`RecurrentMixer`).
+* ``state`` / ``states`` ``[batch, seq, lru_width]`` / ``state_after`` / ``set_state_after``: h_t
+  after every token: the scan's token loop, or its arguments under ``fast_states`` (`nnterp.fast.rg_lru`).
 * ``state_output`` ``[batch, lru_width]``: h after the call's last token.
 * ``conv_state_input`` / ``conv_state_output`` ``[batch, lru_width, conv_width - 1]``:
   the convolution's window, kept on the block (HF's ``conv1d_state``).
@@ -41,8 +41,8 @@ Values, in forward order, all tokens first (``seq`` is this call's tokens):
 Failure mode worth knowing: transformers keeps this state ON THE MODULES
 (``rg_lru.recurrent_states``, ``conv1d_state``), not in a cache object, and a
 trace leaves there the state after its last call, as a plain forward does. A
-several-token call at position > 0 reads ``recurrent_states`` but convolves
-over zeros: ``conv_state_input`` is ``None`` there until assigned.
+several-token call at position > 0 reads ``recurrent_states`` but convolves over
+zeros: ``conv_state_input`` is ``None`` there until assigned.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ from ..core.calls import mediator, per_call, pinned
 from ..core.dims import BATCH, CONV_CHANNELS, CONV_WINDOW, LRU_WIDTH, SEQ
 from ..core.errors import Unavailable, UnsupportedRelease
 from ..core.values import DerivedEProperty, FirstInput, check_expected, check_tensor
-from ..fast.rg_lru import EFFECTIVE as LRU_ATTENTION
+from ..fast import rg_lru as lru_scan
 from ..recurrent.arguments import SAME
 from ..recurrent.call import Call
 from ..recurrent.kernels import needs_torch_kernels, signature_binding
@@ -139,7 +139,7 @@ class RGLRU(RecurrentMixer):
     #: No module-level kernel: nothing for route_kernels to rebind (the scan is always pure torch).
     CONV_FUNCTIONS = ()
     SEQ_ARGUMENT = "x"
-    EFFECTIVE = LRU_ATTENTION
+    FAST, EFFECTIVE = lru_scan.FAST, lru_scan.EFFECTIVE
     VALUE_ARGUMENT, SKIP = "x", {"recurrent_gate": 1.0, "attention_values": 0.0}  # h_s = 1 · h_{s-1} + 0
 
     #: ``self._rnn_scan(hidden_states=u, recurrent_gate=a, reset=, recurrent_states=h_in)``, for every call.
@@ -214,6 +214,10 @@ class RGLRU(RecurrentMixer):
         # A method-call source: the RG-LRU's own scan method, called in its forward (one label, prompts and steps).
         return self._lru().source
 
+    def kernel_function(self) -> Any:
+        # The class's method on the RG-LRU module, not the module's attribute: the model is mid-run, hooked by nnsight.
+        return getattr(type(self._lru()._module), self.SCAN_METHOD).__get__(self._lru()._module)
+
     def _decodes(self) -> bool:
         return self._call()["decodes"]
 
@@ -287,10 +291,8 @@ class RGLRU(RecurrentMixer):
         return RecurrentMixer.set_state_after(self, t, value)
 
     states = DerivedEProperty(
-        _lru_states,
-        description="the state after every token of this call, [batch, seq, lru_width]",
-        unavailable=lambda mixer: strategy_for(mixer).unavailable(mixer),
-        annotation=LruStates,
+        _lru_states, description="the state after every token of this call, [batch, seq, lru_width]",
+        unavailable=lambda mixer: strategy_for(mixer).unavailable(mixer), annotation=LruStates,
     )
     state = RecurrentMixer.state.variant(
         "the state after a token of the prompt, one occurrence per token (tracer.iter; under generate, the state each step leaves), [batch, lru_width]", LruState

@@ -32,7 +32,7 @@ Values, all tokens first (``seq`` is this call's tokens, one on a decode step), 
 * ``state`` / ``states`` ``[batch, seq, wkv_parts, channels]`` / ``state_after`` / ``set_state_after``: the state
   after every token, read in the kernel's own loop (`TokenLoop`), with no routing on CPU; ``states`` read first on
   a float32 prompt without autograd runs the kernel's loop once with every state and skips the call
-  (`OWN_ONE_PASS`, run by `TokenLoop`). A write at ``t`` recomputes token ``t + 1`` from the written state with the
+  (`OWN_ONE_PASS`, run by `TokenLoop`); under ``fast_states`` computed from the kernel's arguments (``FAST``). A write at ``t`` recomputes token ``t + 1`` from the written state with the
   kernel's own operations (its output and its update), so the loop goes on from it.
 * ``state_output``: the state after the call's last token; writable.
 * ``effective_attention`` ``[batch, channels, seq, seq]``: the kernel's output as an average of the values, one
@@ -55,8 +55,8 @@ from ..core.calls import pinned
 from ..core.dims import BATCH, CHANNELS, CONV_CHANNELS, CONV_WIDTH, SEQ, WKV_PARTS
 from ..core.errors import Unavailable
 from ..core.values import DerivedEProperty, Key, check_expected, check_tensor, replace_in
-from ..fast.wkv import EFFECTIVE as WKV_ATTENTION
-from ..fast.wkv import EMPTY_MAX, wkv_one_pass
+from ..fast import wkv as wkv_loop
+from ..fast.wkv import EMPTY_MAX
 from ..recurrent.arguments import PARAMETER, SAME, kernel_waiting
 from ..recurrent.call import Call
 from ..recurrent.gradients import graft, recording
@@ -86,14 +86,6 @@ _NO_BACKWARD_STATE = (
 )
 
 
-def _one_pass(a: dict, out: torch.Tensor) -> tuple | None:
-    """The kernel's return and every state (`nnterp.fast.wkv.wkv_one_pass`), on a float32 prompt."""
-    inputs = (a["time_decay"], a["time_first"], a["k"], a["v"], *(a["state"] or ()))
-    if a["k"].shape[1] < 2 or any(x.dtype != torch.float32 for x in inputs):
-        return None  # a decode step (one kernel serves it: the loop serves it), or a model in another dtype
-    return wkv_one_pass(a["time_decay"], a["time_first"], a["k"], a["v"], a["state"], out, bool(a["return_state"])), out
-
-
 def _fresh(den: torch.Tensor) -> bool:
     # b > 0 once any token was absorbed (each update adds e^{k - p'} with p' >= k, or keeps b > 0).
     return bool((den == 0).all())
@@ -109,20 +101,25 @@ class WKV(RecurrentMixer):
     CONV_FUNCTIONS = ()
     STATE_VARIABLE = "max_state"
     SEQ_ARGUMENT = "k"
-    EFFECTIVE = WKV_ATTENTION
-    OWN_ONE_PASS = staticmethod(_one_pass)
+    FAST, EFFECTIVE = wkv_loop.FAST, wkv_loop.EFFECTIVE
 
     #: ``rwkv_linear_attention(time_decay, time_first, key, value, state=, return_state=)``; ``state`` is
-    #: the triple ``(num, den, max)`` of ``[batch, channels]`` tensors (``None`` without a cache).
+    #: the triple ``(num, den, max)`` of ``[batch, channels]`` tensors (``None`` without a cache); ``final``
+    #: (``return_state``) asks for the final state, as ``"final"`` does on every kernel.
     CHUNK_ARGUMENTS = {
         "time_decay": (0, PARAMETER),
         "time_first": (1, PARAMETER),
         "k": (2, SAME),
         "v": (3, SAME),
         "state": ("state", SAME),
-        "return_state": ("return_state", SAME),
+        "final": ("return_state", SAME),
     }
     RECURRENT_ARGUMENTS = CHUNK_ARGUMENTS
+
+    @staticmethod
+    def OWN_ONE_PASS(arguments: dict, out: torch.Tensor) -> tuple | None:
+        """Its fast path's one pass, run by its own strategy (`TokenLoop`) too: a float32 prompt, not a decode step."""
+        return wkv_loop.one_pass(arguments, out)
 
     #: The loop's call inside the kernel, and its per-token bindings (``STATE_OP`` is ``max_state``, bound last).
     LOOP_CALL = Label()

@@ -19,8 +19,8 @@ equal the scan's bit for bit; `effective_attention` gives ``A[c, t, s] =
 mode worth knowing: ``ã`` is exactly 0 at a reset, so its log is ``-inf``; a
 log-space formula would read ``-inf - (-inf)`` as NaN there.
 
-By the scan method's names (`nnterp.fast.spec`): `states`, `state_shape`,
-`effective_attention`; the specs ``FAST``, ``EFFECTIVE``.
+By the scan method's names (`nnterp.fast.spec`): `states`, `one_pass`,
+`state_shape`, `effective_attention`; the specs ``FAST``, ``EFFECTIVE``.
 """
 
 from __future__ import annotations
@@ -53,16 +53,33 @@ def lru_states(
     if out is None:
         out = empty_states(x.shape, x.device)
     for t in range(x.shape[1]):
+        if out.dtype != torch.float32:  # stored rounded (fast_states' dtype): the state carried on stays float32
+            h = gate[:, t].type(torch.float32) * h + x[:, t].type(torch.float32)
+            out[:, t] = h
+            continue
         torch.mul(gate[:, t].type(torch.float32), h, out=out[:, t])
         h = out[:, t].add_(x[:, t].type(torch.float32))
     return out
 
 
 def states(arguments: dict, out: torch.Tensor | None = None) -> torch.Tensor:
-    """`lru_states` of a served call's arguments."""
+    """`lru_states` of a served call's arguments, into ``out`` when given (under autograd too: a copy of the stack)."""
     a = arguments
     state = a.get("state")
-    return lru_states(a["x"], a["a"], a["reset"], state if isinstance(state, torch.Tensor) else None, out)
+    found = lru_states(a["x"], a["a"], a["reset"], state if isinstance(state, torch.Tensor) else None, out)
+    if out is None or found is out:
+        return found
+    out.copy_(found)
+    return out
+
+
+def one_pass(arguments: dict, out: torch.Tensor) -> tuple | None:
+    """The scan's return ``(outputs, final state)`` with the states: its outputs are its states, cast to ``x``'s
+    dtype; ``None`` where ``out`` stores them rounded (the outputs need the float32 states)."""
+    if out.dtype != torch.float32:
+        return None
+    states(arguments, out)
+    return (out.to(arguments["x"].dtype, copy=True), out[:, -1].clone()), out
 
 
 def state_shape(arguments: dict) -> tuple:
@@ -107,6 +124,6 @@ def entering(arguments: dict) -> torch.Tensor | None:
 
 
 #: RecurrentGemma's ``_rnn_scan``, prompt and decode step alike.
-FAST = FastSpec("rg-lru scan", states, ("x", "a", "reset"), state_shape, entering=entering)
+FAST = FastSpec("rg-lru scan", states, ("x", "a", "reset"), state_shape, one_pass=one_pass, entering=entering)
 #: RecurrentGemma's ``_rnn_scan``, prompt and decode step alike.
 EFFECTIVE = EffectiveSpec("rg-lru scan", effective_attention, "channels")

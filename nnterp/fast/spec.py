@@ -91,6 +91,8 @@ class FastSpec:
     entering: Callable[[dict], torch.Tensor | None] | None = None
     #: The inverse: the arguments that make ``compute`` continue from one of its own states (``{"state": state}``).
     starting: Callable[[torch.Tensor | None], dict] | None = None
+    #: The final state the kernel returns as one of ``compute``'s own (``None``: the same already; RWKV-4's triple).
+    leaving: Callable[[Any], torch.Tensor] | None = None
 
     def __repr__(self) -> str:
         return f"FastSpec({self.name})"

@@ -168,12 +168,38 @@ def wkv_attention(
 # -- by the signature table's names (`nnterp.fast.spec`) ---------------------------------
 
 
+def wkv_states(time_decay: torch.Tensor, time_first: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Any) -> torch.Tensor:
+    """The state after every token, ``[batch, seq, 3, channels]`` float32, stacked (autograd keeps every step).
+
+    The kernel's state update, token by token, with its operations in its
+    order (``rwkv_linear_attention_cpu``), so equal to `wkv_one_pass`'s states.
+    """
+    decay = -torch.exp(time_decay)
+    if state is None:
+        num = den = torch.zeros((k.shape[0], k.shape[2]), dtype=torch.float32, device=k.device)
+        top = torch.full_like(num, EMPTY_MAX)
+    else:
+        num, den, top = state
+    found = []
+    for t in range(k.shape[1]):
+        key, current = k[:, t].float(), v[:, t]
+        peak = torch.maximum(top + decay, key)
+        e1, e2 = torch.exp(top + decay - peak), torch.exp(key - peak)
+        num, den, top = e1 * num + e2 * current, e1 * den + e2, peak
+        found.append(torch.stack((num, den, top), 1))
+    return torch.stack(found, 1)
+
+
 def states(arguments: dict, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The state after every token, ``[batch, seq, 3, channels]`` float32, by the kernel's loop (`wkv_one_pass`); no autograd."""
+    """The state after every token, ``[batch, seq, 3, channels]`` float32, by the kernel's loop (`wkv_one_pass`),
+    into ``out`` when given; under autograd, or into an ``out`` of another dtype, `wkv_states` (copied in)."""
     a = arguments
     k = a["k"]
-    if differentiable(a["time_decay"], a["time_first"], k, a["v"], *(a.get("state") or ())):
-        raise ValueError("the WKV's states are written in place (wkv_one_pass): under autograd read them through the model's token loop")
+    if differentiable(a["time_decay"], a["time_first"], k, a["v"], *(a.get("state") or ())) or (
+        out is not None and out.dtype != torch.float32
+    ):
+        found = wkv_states(a["time_decay"], a["time_first"], k, a["v"], a.get("state"))
+        return found if out is None else out.copy_(found)
     if out is None:
         out = empty_states((k.shape[0], k.shape[1], 3, k.shape[2]), k.device)
     wkv_one_pass(a["time_decay"], a["time_first"], k, a["v"], a.get("state"), out)
@@ -181,12 +207,13 @@ def states(arguments: dict, out: torch.Tensor | None = None) -> torch.Tensor:
 
 
 def one_pass(arguments: dict, out: torch.Tensor) -> tuple | None:
-    """The kernel's return ``(output, [num, den, max] or None)`` with the states; ``None`` off float32."""
+    """The kernel's return ``(output, [num, den, max] or None)`` with the states; ``None`` off float32 (``out``
+    too) and on one token (a decode step: the token loop serves its ``state``)."""
     a = arguments
     inputs = (a["time_decay"], a["time_first"], a["k"], a["v"], *(a.get("state") or ()))
-    if any(x.dtype != torch.float32 for x in inputs):
+    if a["k"].shape[1] < 2 or any(x.dtype != torch.float32 for x in (*inputs, out)):
         return None
-    return wkv_one_pass(a["time_decay"], a["time_first"], a["k"], a["v"], a.get("state"), out, bool(a.get("return_state"))), out
+    return wkv_one_pass(a["time_decay"], a["time_first"], a["k"], a["v"], a.get("state"), out, bool(a.get("final"))), out
 
 
 def state_shape(arguments: dict) -> tuple:
@@ -215,7 +242,12 @@ def starting(state: torch.Tensor | None) -> dict:
     return {"state": None if state is None else list(state.unbind(1))}
 
 
+def leaving(final: list) -> torch.Tensor:
+    """The kernel's returned ``[num, den, max]`` stacked as `states` writes a state, ``[batch, 3, channels]`` float32."""
+    return torch.stack([part.float() for part in final], 1)
+
+
 #: transformers' ``rwkv_linear_attention`` (RWKV-4): its CPU loop, prompt and decode step alike.
-FAST = FastSpec("WKV", states, ("k", "v"), state_shape, one_pass=one_pass, entering=entering, starting=starting)
+FAST = FastSpec("WKV", states, ("k", "v"), state_shape, one_pass=one_pass, entering=entering, starting=starting, leaving=leaving)
 #: transformers' ``rwkv_linear_attention`` (RWKV-4), prompt and decode step alike.
 EFFECTIVE = EffectiveSpec("WKV", effective_attention, "channels")

@@ -140,8 +140,12 @@ def bound(modeling: ModuleType, name: str) -> Any:
 
 
 def runs_pure_torch(mixer: Any) -> bool:
-    """Whether a mixer's prompt kernel call runs a pure-torch body now (no optimized kernel, no hub module bound)."""
-    return optimized(bound(modeling_of(mixer._module), type(mixer).CHUNK_FUNCTION)) is None
+    """Whether a mixer's prompt kernel call runs a pure-torch body now (no optimized kernel, no hub module bound).
+
+    A mixer with no module-level kernel (a method-call source: the RG-LRU's scan) runs its module's own method.
+    """
+    name = type(mixer).CHUNK_FUNCTION
+    return not name or optimized(bound(modeling_of(mixer._module), name)) is None
 
 
 def original(modeling: ModuleType, name: str) -> Any:

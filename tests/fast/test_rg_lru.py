@@ -37,6 +37,11 @@ def test_the_spec_computes_the_scan_bit_for_bit(start):
     assert torch.equal(states.detach(), want)
     states.sum().backward()
     assert torch.isfinite(x.grad).all()
+    x.grad = None
+    out = torch.full(want.shape, float("nan"))  # under autograd into ``out`` too, as `FromArguments` passes one
+    assert FAST.compute({**a, "x": x}, out) is out and torch.equal(out.detach(), want)
+    out.sum().backward()
+    assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("start", [False, True])

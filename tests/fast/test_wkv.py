@@ -49,7 +49,7 @@ def served(entering: bool) -> dict:
     if entering:
         state = [torch.randn(batch, channels, generator=gen), torch.rand(batch, channels, generator=gen) + 0.1,
                  torch.randn(batch, channels, generator=gen)]
-    return {"time_decay": decay, "time_first": first, "k": k, "v": v, "state": state, "return_state": True}
+    return {"time_decay": decay, "time_first": first, "k": k, "v": v, "state": state, "final": True}
 
 
 def papers(a: dict) -> tuple:
@@ -68,9 +68,18 @@ def test_the_spec_computes_the_papers_states_and_outputs(entering):
     assert states is out
     close(y, want_y, "one pass output")
     close(torch.stack(final, 1), want[:, -1], "one pass final state")
+    close(FAST.leaving(final), want[:, -1], "the returned final state as one of the states")
     assert FAST.one_pass({**a, "k": a["k"].double()}, out) is None
-    with pytest.raises(ValueError, match="autograd"):
-        FAST.compute({**a, "k": a["k"].clone().requires_grad_()}, None)
+    assert FAST.one_pass({**a, "k": a["k"][:, :1], "v": a["v"][:, :1]}, out) is None, "a decode step: the loop serves it"
+    assert FAST.one_pass(a, out.bfloat16()) is None, "the output needs the float32 states"
+    # Under autograd (and into a bfloat16 out) the states are the same loop's, stacked; a loss on them reaches k.
+    k = a["k"].clone().requires_grad_()
+    differentiable = FAST.compute({**a, "k": k}, None)
+    close(differentiable.detach(), want, "states under autograd")
+    differentiable[:, -1, 0].sum().backward()
+    assert torch.isfinite(k.grad).all() and k.grad.abs().sum() > 0
+    rounded = FAST.compute(a, torch.empty((2, 19, 3, 10), dtype=torch.bfloat16))
+    close(rounded.float(), want.to(torch.bfloat16).float(), "states stored rounded once")
 
 
 @pytest.mark.parametrize("entering", [False, True])

@@ -146,9 +146,12 @@ def test_fast_states_are_a_function_of_the_arguments(load, model_type):
     with nnterp.fast_states(model):
         with torch.no_grad(), model.trace(ids):
             plain = mix.states.save()
+        others: dict = {}  # bound before the trace: a name first bound inside it does not outlive it
         with model.trace(ids, **model.family.BACKWARD_KWARGS):
             value = getattr(mix, name).save()
             states = mix.states.save()
+            for other in ("time_decay", "time_first", "k") if "time_first" in type(mix).CHUNK_ARGUMENTS else ():
+                others[other] = mix.argument(other).save()
     torch.testing.assert_close(states.detach(), plain, rtol=1e-5, atol=1e-7)  # float32 rounding (no out= under autograd)
     weights = torch.randn(states.shape, generator=torch.Generator().manual_seed(2))
     # Mamba-1's kernel holds x channel-first: each read serves a new view of it, so differentiate by what it views.
@@ -156,9 +159,19 @@ def test_fast_states_are_a_function_of_the_arguments(load, model_type):
     (grad,) = torch.autograd.grad((states * weights).sum(), value, retain_graph=True)
     assert grad.abs().sum() > 0
     # Against the kernel's own final state, a function of the same argument.
-    with model.trace(ids, **model.family.BACKWARD_KWARGS):
-        kernel_value = getattr(mix, name).save()
-        final = mix.state_output.save()
+    if others:
+        # RWKV-4 runs a backward without a cache (BACKWARD_KWARGS), so no state leaves its call: transformers' kernel
+        # on the call's own arguments (detached, then v a leaf) gives it.
+        kernel_value = value.detach().requires_grad_(True)
+        plain = {key: x.detach() for key, x in others.items()}
+        _, final = REGISTRY[model_type].MODELING.rwkv_linear_attention_cpu(
+            plain["time_decay"], plain["time_first"], plain["k"], kernel_value, state=None, return_state=True
+        )
+        final = torch.stack(final, 1)
+    else:
+        with model.trace(ids, **model.family.BACKWARD_KWARGS):
+            kernel_value = getattr(mix, name).save()
+            final = mix.state_output.save()
     (expected,) = torch.autograd.grad((final * weights[:, -1]).sum(), held(kernel_value))
     (last,) = torch.autograd.grad((states[:, -1] * weights[:, -1]).sum(), value)
     torch.testing.assert_close(last, expected, rtol=1e-3, atol=1e-5)

@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM
 from nnterp import StandardizedTransformer, fast_states
 from nnterp.components.selective_scan import SelectiveScan
 from nnterp.components.state_space import StateSpace
+from nnterp.components.wkv import WKV
 from nnterp.families import REGISTRY
 from nnterp.recurrent.per_token import from_arguments
 from tests.recurrent.test_from_arguments import (  # noqa: F401 (loaded: a fixture)
@@ -35,19 +36,24 @@ from tests.recurrent.test_from_arguments import (  # noqa: F401 (loaded: a fixtu
 )
 from tests.reference import hf_oracles as hf
 from tests.reference.calls import counting
+from tests.suites.caches import of_kind
 
 
 def kernel_body(model):
-    """transformers' pure-torch body of the mixer's prompt kernel, read from the modeling module's binding."""
-    fn = getattr(model.family.MODELING, model.family.MIXER.CHUNK_FUNCTION)
+    """transformers' pure-torch body of the mixer's prompt kernel, read from the modeling module's binding (a
+    method-call source, the RG-LRU's: its module's scan method)."""
+    mixer = model.family.MIXER
+    if not mixer.CHUNK_FUNCTION:
+        return mixer.loop_body(model.family.MODELING)
+    fn = getattr(model.family.MODELING, mixer.CHUNK_FUNCTION)
     cells = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
     return cells.get("torch_function", fn)
 
 
-def plain_run(plain, ids):
+def plain_run(model, plain, ids):
+    """The plain model's logits and what it keeps the states in (``cache`` of the kind's adapter, `of_kind`)."""
     with torch.no_grad():
-        out = hf._forward(plain, ids)
-    return out.logits, hf.output_cache(out)
+        return of_kind(model.family.MIXER).prefill(plain, ids)
 
 
 @pytest.mark.parametrize("model_type", FAST)
@@ -63,13 +69,14 @@ def test_reading_every_layers_states_skips_the_kernel_and_keeps_the_forward(load
         logits.append(model.logits.save())
     logits = logits[0]
     assert calls == [], "the kernel body ran although every call's states were read"
-    expected_logits, cache = plain_run(plain, ids)
+    expected_logits, cache = plain_run(model, plain, ids)
     torch.testing.assert_close(logits, expected_logits, **tolerance(expected_logits))
+    adapter = of_kind(model.family.MIXER)
     for layer, read in zip(layers, states):
-        cached = hf.recurrent_state(cache, layer)
+        cached = adapter.read(cache, layer)
         torch.testing.assert_close(read[:, -1], cached.float(), **tolerance(cached))
-    torch.testing.assert_close(finals[0].float(), hf.recurrent_state(cache, layers[-1]).float(), **tolerance(finals[0]))
-    first = hf.prefix_states(plain, ids, layers[0])
+    torch.testing.assert_close(finals[0].float(), adapter.read(cache, layers[-1]).float(), **tolerance(finals[0]))
+    first = adapter.prefix_states(plain, ids, layers[0])
     torch.testing.assert_close(states[0], first.float(), **tolerance(first))
 
 
@@ -102,8 +109,10 @@ def test_a_generate_continues_from_the_one_pass_final_state(loaded, model_type):
                 model.layers[i].linear_attn.states  # the prompt's call: every layer's kernel skipped
             out.append(tracer.result.save())
     out = out[0]
-    assert calls == [], "the prompt's kernel calls were skipped (decode steps run the one-token kernel)"
-    expected = hf.greedy(plain, ids, 4, suppress_tokens=(plain.config.eos_token_id,))
+    # A kernel that serves decode steps too (the RG-LRU's scan method) runs on each of the 3 one-token calls.
+    steps = 3 if model.family.MIXER.CHUNK_FUNCTION == model.family.MIXER.RECURRENT_FUNCTION else 0
+    assert len(calls) == steps * len(layers), "the prompt's kernel calls were skipped (decode steps run the one-token kernel)"
+    expected = of_kind(model.family.MIXER).greedy(plain, ids, 4)
     assert torch.equal(out[:, : expected.shape[1]], expected)
 
 
@@ -120,18 +129,21 @@ def test_two_invokes_sharing_a_call_run_the_kernel(loaded):
     expected = hf.prefix_states(plain, ids, layer)
     torch.testing.assert_close(first[:, -ids.shape[1]:], expected, **tolerance(expected))
     other = model.tokenizer(OTHER, return_tensors="pt").input_ids
-    expected_logits, _ = plain_run(plain, other)
+    expected_logits, _ = plain_run(model, plain, other)
     torch.testing.assert_close(logits[-1:, -1], expected_logits[:, -1], **tolerance(expected_logits))
 
 
 #: Mamba-1 and Mamba-2 families: transformers' torch kernel (a token loop, a chunk scan) is slower than the pass.
 RING = [t for t in FAST if issubclass(REGISTRY[t].MIXER, (SelectiveScan, StateSpace))]
-#: The delta rule's families: transformers' torch kernels compute in float32 from any dtype and round their output only.
-DELTA = [t for t in FAST if t not in RING]
+#: RWKV-4's: its one pass is float32 only (its kernel mixes the model's dtype into the state's float32 updates).
+FLOAT32 = [t for t in FAST if issubclass(REGISTRY[t].MIXER, WKV)]
+#: The delta rule's and the RG-LRU's families: transformers' torch kernels compute in float32 from any dtype and round
+#: their output only.
+DELTA = [t for t in FAST if t not in RING and t not in FLOAT32]
 
 
-@pytest.mark.parametrize("model_type", RING[:1])
-def test_a_bfloat16_mamba_model_runs_the_kernel(checkpoint, model_type):
+@pytest.mark.parametrize("model_type", RING[:1] + FLOAT32)
+def test_a_bfloat16_mamba_or_rwkv_model_runs_the_kernel(checkpoint, model_type):
     # The pure-torch body rounds its states to the model's dtype before its readout: one pass would not equal it.
     model = StandardizedTransformer(str(checkpoint(model_type)), dispatch=True, device="cpu", dtype=torch.bfloat16)
     ids = model.tokenizer(LONG, return_tensors="pt").input_ids
@@ -153,7 +165,7 @@ def test_a_bfloat16_delta_rule_model_skips_the_kernel_and_keeps_the_forward(chec
             model.layers[layer].linear_attn.states.save()
         logits.append(model.logits.save())
     assert calls == [], "the kernel body ran although every call's states were read"
-    expected, _ = plain_run(plain, ids)
+    expected, _ = plain_run(model, plain, ids)
     # Each output the one pass rounds is the body's float32 value: equal, or one bfloat16 rounding apart at a tie.
     torch.testing.assert_close(logits[0].float(), expected.float(), rtol=0, atol=2.0**-7 * expected.abs().max().item())
 

@@ -15,7 +15,7 @@ from nnterp import InvalidArgument, fast_states
 from nnterp.families import REGISTRY, present
 from nnterp.fast.scan import BF16_RTOL
 from nnterp.testing import tiny_checkpoint
-from tests.suites.caches import Cache
+from tests.suites.caches import of_kind
 
 #: One family per kind with a fast path (the first registered), from the registry.
 KINDS = list({REGISTRY[t].MIXER: t for t in reversed(present()) if REGISTRY[t].MODEL_TYPES[0] == t
@@ -33,7 +33,7 @@ def test_bfloat16_states_are_the_caches_states_rounded_once(model_type, load):
     plain = AutoModelForCausalLM.from_pretrained(tiny_checkpoint(model_type)).eval()
     layer = next(i for i, block in enumerate(model.layers) if block.linear_attn is not None)
     ids = torch.randint(3, 60, (1, 37), generator=torch.Generator().manual_seed(0))
-    expected = Cache().prefix_states(plain, ids, layer)
+    expected = of_kind(model.family.MIXER).prefix_states(plain, ids, layer)
     chosen = [0, 17, 36]
     with fast_states(model, dtype=torch.bfloat16), torch.no_grad(), model.trace(ids):
         mix = model.layers[layer].linear_attn

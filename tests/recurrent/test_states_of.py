@@ -32,7 +32,7 @@ SELECTIONS = ([0], [3, -1, 1, 3], range(2, 6), torch.tensor([5, 0]))
 
 
 def needs_fast(model):
-    """Skip a kind that has no fast path (the RG-LRU, RWKV, LFM2, the mLSTM: their own strategy only)."""
+    """Skip a kind that has no fast path (LFM2, the mLSTM, lightning: their own strategy only)."""
     if model.family.MIXER.FAST is None:
         pytest.skip(f"{model.family.MIXER.__name__} has no fast path")
 

@@ -61,7 +61,7 @@ from ...core.values import check_expected, replace_in
 from ...fast.buffers import empty_states
 from ..call import Call
 from ..gradients import recording, records_any
-from ..kernels import bound, modeling_of, runs_pure_torch
+from ..kernels import runs_pure_torch
 from ..settings import states_dtype
 from .protocol import Mixer, PerToken
 
@@ -93,16 +93,16 @@ class FromArguments(PerToken):
         if not call.decodes and "named" not in call.strategy:
             # Tokens first (the layouts applied), as the spec takes them (the prompt kernel's table: not decoding).
             arguments = dict(call.serve_all())
-            if isinstance(arguments.get("state"), torch.Tensor):
-                # A continued cache's buffer, which the cache overwrites after the kernel returns.
-                arguments["state"] = arguments["state"].clone()
-            call.strategy.update(named=arguments, served=False)
+            # The entering state as one of the spec's own states, a copy: a continued cache's buffer, which the cache
+            # overwrites after the kernel returns. Every run of the call starts from one of those (`piece`, `cut`).
+            entering = type(mixer).FAST.entering_state(arguments)
+            call.strategy.update(named=arguments, entering=None if entering is None else entering.clone(), served=False)
         return call
 
     @staticmethod
     def segments(call: Call, stop: int | None = None) -> list:
         """The call's runs up to ``stop`` (`Call.segments`), the first from the state entering it."""
-        return call.segments(call.strategy["named"].get("state"), stop)
+        return call.segments(call.strategy["entering"], stop)
 
     def _run_kernel(self, mixer: Mixer, call: Call, lo: int, hi: int, initial: Any, final: bool) -> Any:
         """The bound kernel (whatever it is) on tokens ``[lo, hi)`` of the call, from ``initial``."""
@@ -117,8 +117,8 @@ class FromArguments(PerToken):
                     done = cls.FAST.one_pass({**arguments, "final": final}, torch.empty((shape[0], 2, *shape[1:]), device=call.expected[2]))
                 if done is not None:
                     return done[0]
-        args, kwargs = cut(cls.CHUNK_ARGUMENTS, cls.FAST.tokens, call.arguments, lo, hi, initial, final)
-        result = bound(modeling_of(mixer.hf_module()), cls.CHUNK_FUNCTION)(*args, **kwargs)
+        args, kwargs = cut(cls.CHUNK_ARGUMENTS, cls.FAST, call.arguments, lo, hi, initial, final)
+        result = mixer.kernel_function()(*args, **kwargs)
         if initial is not None and "state" not in cls.CHUNK_ARGUMENTS:
             # The kernel started from zeros: add what the start state contributes to its output and final state.
             result = cls.FAST.resume(piece(cls.FAST, call.strategy["named"], lo, hi, None), initial, result)
@@ -161,6 +161,8 @@ class FromArguments(PerToken):
             return call.writes[position]
         lo, hi, initial = self.segments(call, position + 1)[-1]
         final = self._run_kernel(mixer, call, lo, hi, initial, True)[type(mixer).FINAL_STATE]
+        if type(mixer).FAST.leaving is not None:
+            final = type(mixer).FAST.leaving(final)  # the kernel's own format (RWKV-4's triple) as one of the states
         call.advance(position, what)
         call.strategy.setdefault("read", {})[position] = final
         return final
@@ -258,8 +260,12 @@ class FromArguments(PerToken):
             return torch.cat(results, dim=axis)  # a kernel returning its output only (no final state asked)
         result = replace_in(tuple(results[-1]), 0, torch.cat([r[0] for r in results], dim=axis))
         index = type(mixer).FINAL_STATE
+        if "final" in type(mixer).CHUNK_ARGUMENTS and not flag:
+            # The call asked for no final state (no cache): none, though a part continued from a written one (RWKV-4's
+            # kernel returns one whenever it is given one, and the forward would store it in a cache it lacks).
+            return replace_in(result, index, None)
         if call.seq - 1 in call.writes and result[index] is not None:
-            result = replace_in(result, index, call.writes[call.seq - 1])
+            result = replace_in(result, index, starting(type(mixer).FAST, call.writes[call.seq - 1])["state"])
         return result
 
     def state(self, mixer: Mixer) -> torch.Tensor:
@@ -305,27 +311,36 @@ def one_pass(mixer: Mixer, call: Call, run: Any, arguments: dict, out: Any) -> t
 
 
 
+def starting(spec: Any, state: Any) -> dict:
+    """The arguments that start the kernel from ``state`` (one of the spec's own): `FastSpec.starting_from`, asked
+    here without a call where the spec has no format of its own (every kind but RWKV-4)."""
+    return {"state": state} if spec.starting is None else spec.starting(state)
+
+
 def piece(spec: Any, arguments: dict, lo: int, hi: int, initial: Any) -> dict:
     """Served (tokens-first) ``arguments`` restricted to tokens ``[lo, hi)``, starting from ``initial``."""
     cut = {name: (x[:, lo:hi] if name in spec.tokens and isinstance(x, torch.Tensor) else x) for name, x in arguments.items()}
-    cut["state"] = initial
+    cut.update(starting(spec, initial))
     return cut
 
 
-def cut(table: dict, tokens: tuple, call: tuple, lo: int, hi: int, initial: Any, final: bool) -> tuple:
+def cut(table: dict, spec: Any, call: tuple, lo: int, hi: int, initial: Any, final: bool) -> tuple:
     """``(args, kwargs)`` of ``call`` restricted to tokens ``[lo, hi)``, starting from ``initial``, asking for the final state.
 
     Each token argument is sliced in its own layout (tokens first, then laid
-    back: Mamba-1's are channel-first). A kernel without an initial state
-    (no ``"state"`` in its table) runs from zeros: the caller resumes it.
+    back: Mamba-1's are channel-first); ``initial``, one of the spec's own
+    states, is passed in the kernel's format (``spec.starting_from``: RWKV-4's
+    triple). A kernel without an initial state (no ``"state"`` in its table)
+    runs from zeros: the caller resumes it.
     """
     args, kwargs = call
-    for name in tokens:
+    start = starting(spec, initial)
+    for name in spec.tokens:
         where, layout = table[name]
         element = args[where] if isinstance(where, int) and where < len(args) else kwargs.get(where)
         if isinstance(element, torch.Tensor):
             args, kwargs = replace_in((args, kwargs), where, layout.write(layout.read(element)[:, lo:hi], element))
-    for name, value in (("state", initial), ("final", final)):
+    for name, value in (*start.items(), ("final", final)):
         if name in table:
             args, kwargs = replace_in((args, kwargs), table[name][0], value)
     return args, kwargs

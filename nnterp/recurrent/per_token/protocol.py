@@ -34,7 +34,7 @@ class Mixer(Protocol):
     #: whether the prompt kernel is Mamba-2's chunk scan.
     FAST: Any
     EFFECTIVE: Any
-    #: A kind's own one pass where it has no fast path (RWKV-4's loop, the mLSTM's backend), run by the one
+    #: A kind's own strategy's one pass (the mLSTM's backend; RWKV-4's loop, its fast path's), run by the one
     #: switch (`nnterp.recurrent.per_token.from_arguments.one_pass`) as a `FastSpec`'s ``one_pass``; or ``None``.
     OWN_ONE_PASS: Any
     CHUNK_ARGUMENTS: dict
@@ -93,6 +93,10 @@ class Mixer(Protocol):
 
     def pure_torch_kernel(self) -> bool:
         """Whether the prompt's kernel call runs transformers' own pure-torch body now (what a one pass replaces)."""
+
+    def kernel_function(self) -> Callable:
+        """The prompt kernel as its call source calls it: the function bound to ``CHUNK_FUNCTION`` in the modeling
+        module, or a method call's method bound to its module (the RG-LRU's ``_rnn_scan``); a split call runs it."""
 
     def run_kernel(self, call: Call, lo: int, hi: int, initial: Any) -> Any:
         """A method-call source's kernel (the mLSTM's backend) on tokens ``[lo, hi)`` of ``call``, from ``initial``:
