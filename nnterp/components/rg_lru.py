@@ -38,11 +38,10 @@ Values, in forward order, all tokens first (``seq`` is this call's tokens):
   so ``y_t = Σ_s A[c, t, s] u_s[c]`` (+ ``state_input_readout`` on a decode step).
 * ``attention_output`` ``[batch, seq, hidden]``: the block's output.
 
-Failure mode worth knowing: transformers keeps this state ON THE MODULES
-(``rg_lru.recurrent_states``, ``conv1d_state``), not in a cache object, and a
-trace leaves there the state after its last call, as a plain forward does. A
-several-token call at position > 0 reads ``recurrent_states`` but convolves over
-zeros: ``conv_state_input`` is ``None`` there until assigned.
+Failure mode worth knowing: transformers keeps this state ON THE MODULES (``rg_lru.recurrent_states``,
+``conv1d_state``), not in a cache object, and a trace leaves there the state after its last call, as a plain
+forward does. A several-token call at position > 0 reads ``recurrent_states`` but convolves over zeros:
+``conv_state_input`` is ``None`` there until assigned.
 """
 
 from __future__ import annotations
