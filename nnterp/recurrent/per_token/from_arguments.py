@@ -223,7 +223,7 @@ class FromArguments(PerToken):
     def state_input(self, mixer: Mixer) -> torch.Tensor | None:
         """The state a prompt's call starts from where its kernel takes none: `set_state_input`'s (a copy), else
         ``None`` (zeros)."""
-        entering = self.record(mixer, "state_input").strategy["named"].get("state")
+        entering = self.record(mixer, "state_input").strategy["entering"]
         return None if entering is None else entering.clone()
 
     def set_state_input(self, mixer: Mixer, value: torch.Tensor) -> None:
@@ -236,6 +236,7 @@ class FromArguments(PerToken):
         call.check_first_write(what)
         call.check_write_order(what, -1, call.states_read, call.furthest, call.writes)  # before every token
         call.strategy["named"]["state"] = value
+        call.strategy["entering"] = value  # where every run of the call starts (`segments`)
         self._serve(mixer, call)
 
     def _serve(self, mixer: Mixer, call: Call) -> None:
