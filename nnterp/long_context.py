@@ -21,7 +21,7 @@ values, and where transformers' forward does not continue exactly from it
 * RecurrentGemma: the forward returns no cache and its prefill convolves over
   zeros: nnterp passes the first chunk a cache (for the attention blocks) and
   writes each block's ``conv_state_input`` and ``state_input`` per chunk
-  (from transformers 5.24; before, its cache misplaces a continued chunk's
+  (from transformers 5.23; before, its cache misplaces a continued chunk's
   attention mask, and it runs in one chunk).
 
 A family whose chunks nothing mends is refused beyond one chunk. So

@@ -45,7 +45,7 @@ class RecurrentGemma(Llama):
     DECODER_LAYERS = (MODELING.RecurrentGemmaDecoderLayer,)
     COMPONENTS = {MODELING.RecurrentGemmaAttention: Attention, MODELING.RecurrentGemmaRecurrentBlock: RGLRU}
     MIXER = RGLRU
-    #: transformers 5.24 names the blocks' layer types (``linear_attention``, ``sliding_attention``), so that its
+    #: transformers 5.23 names the blocks' layer types (``linear_attention``, ``sliding_attention``), so that its
     #: ``DynamicCache`` keeps keys for the attention blocks only; before, every block gets a sliding-window layer, the
     #: cache's length is read from a recurrent block's (always 0) and a continued chunk's attention mask is misplaced.
     MENDABLE = "linear_attention" in MODELING.TEMPORAL_BLOCK_CLASSES
@@ -53,7 +53,7 @@ class RecurrentGemma(Llama):
         "transformers' RecurrentGemma forward returns no cache, and a call passed none resets the RG-LRU state and "
         "convolution window its modules keep (and keeps no earlier keys for its attention blocks); a prompt of several "
         "tokens also convolves over zeros, not the window its block keeps"
-    ) + ("" if MENDABLE else "; before transformers 5.24 its cache also misplaces a continued chunk's attention mask, which nnterp does not mend")
+    ) + ("" if MENDABLE else "; before transformers 5.23 its cache also misplaces a continued chunk's attention mask, which nnterp does not mend")
     #: Mended by passing the first chunk a cache (`first_cache`) and writing each block's window and state.
     CHUNK_STATE_INPUT = MENDABLE
     CHUNK_WINDOW_INPUT = MENDABLE
