@@ -24,6 +24,7 @@ from nnterp import StandardizedTransformer
 from nnterp.attribution import state_attribution
 from nnterp.sweep import per_token_states
 from nnterp.testing import facts, recall, toy_checkpoint, toy_manifest, toy_names, toy_task
+from nnterp.testing.tasks import TASKS
 from nnterp.testing.toys import TOYS_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,6 +105,36 @@ def test_retraining_reproduces_the_first_losses(name):
     script = _script()
     _, losses, _ = script.train(name, steps=3, quiet=True)
     assert losses == pytest.approx(toy_manifest(name)["first_losses"][:3], rel=1e-4)
+
+
+def test_the_mamba_training_kernel_gives_transformers_logits_and_gradients():
+    """The script trains the Mamba-1 toy with its own binding of transformers' prompt kernel (the pure-torch body takes
+    seconds a step on a CPU): the training forward's logits and gradients are transformers' own on the same weights,
+    so the weights it writes mean the same to transformers; the binding is undone after, also on an error."""
+    script = _script()
+    modeling = script.mamba_modeling
+    bound = modeling.mamba_selective_scan
+    model = script.build("mamba").train()  # the weights training starts from, in training mode: the training's branch
+    task = TASKS[script.TOYS["mamba"]["task"]]()
+    ids, labels = script.batch(task, random.Random(FRESH), 4, 1500, 1500)  # the full range of pairs
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        logits = model(input_ids=ids, use_cache=False).logits
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100).backward()
+        return logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    want, want_grads = run()  # transformers' own forward
+    with script.mamba_scan_for_training():
+        assert modeling.mamba_selective_scan is script.selective_scan
+        got, grads = run()
+    assert modeling.mamba_selective_scan is bound
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(grads[name], grad, atol=1e-6, rtol=1e-4, msg=name)
+    with pytest.raises(KeyboardInterrupt), script.mamba_scan_for_training():
+        raise KeyboardInterrupt
+    assert modeling.mamba_selective_scan is bound
 
 
 def test_a_sample_names_its_positions():
