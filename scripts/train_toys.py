@@ -42,6 +42,7 @@ SEED = 0
 THREADS = 1
 EVAL_SEED = 10_000
 EVAL_SAMPLES = 1000
+TARGET, BUDGET_SECONDS = 0.95, 15 * 60
 CHECK_SEED, CHECK_SAMPLES, CHECK_EVERY, CHECK_TARGET = 20_000, 200, 100, 0.99
 TOKENS = dict(vocab_size=len(VOCAB), eos_token_id=0, bos_token_id=0, pad_token_id=0, tie_word_embeddings=False)
 
@@ -65,6 +66,9 @@ TOYS = {
                                                n_groups=1, state_size=32, expand=2, conv_kernel=4, chunk_size=16,
                                                **TOKENS),
                    task="associative_recall", steps=1500, batch=64, lr=3e-3),
+    # Not shipped: every run so far stays on the plateau of "a value of the context" (loss 1 to 2, about 10% held-out
+    # accuracy): 1500 steps at state 32 with and without the A redraw, 1150 at state 16, 2700 at batch 32. On the same
+    # batches the Mamba-2 toy is off it by step 650 (loss 0.8) and solves the task by step 1100.
     "mamba": dict(config=lambda: MambaConfig(hidden_size=64, num_hidden_layers=2, state_size=32, expand=2,
                                              conv_kernel=4, use_mambapy=False, **TOKENS),
                   task="associative_recall", steps=1500, batch=64, lr=3e-3, kernel=lambda: mamba_scan_for_training()),
@@ -259,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     args.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args.add_argument("--steps", type=int, default=None, help="stop after this many steps (calibration; not saved)")
     ns = args.parse_args(argv)
+    failed = False
     for name in ns.names:
         if name not in TOYS:
             print(f"unknown toy {name!r}; known: {', '.join(TOYS)}", file=sys.stderr)
@@ -266,9 +271,15 @@ def main(argv: list[str] | None = None) -> int:
         model, losses, seconds = train(name, ns.steps)
         acc = accuracy(model, TASKS[TOYS[name]["task"]]())
         print(f"{name}: {len(losses)} steps in {seconds:.0f}s, held-out accuracy {acc:.3f}", flush=True)
-        if ns.steps is None:
-            print(f"  saved {save(name, model, losses, seconds, acc, ns.out)}")
-    return 0
+        if ns.steps is not None:
+            continue
+        if acc < TARGET or seconds > BUDGET_SECONDS:  # a toy that ships has learned its task within the budget
+            print(f"  not saved: a toy ships at {TARGET:.0%} held-out accuracy or more, trained in {BUDGET_SECONDS}s or less",
+                  file=sys.stderr)
+            failed = True
+            continue
+        print(f"  saved {save(name, model, losses, seconds, acc, ns.out)}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

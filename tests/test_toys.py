@@ -137,6 +137,18 @@ def test_the_mamba_training_kernel_gives_transformers_logits_and_gradients():
     assert modeling.mamba_selective_scan is bound
 
 
+def test_the_script_saves_no_toy_that_missed_its_target(tmp_path, monkeypatch, capsys):
+    """A toy below 95% held-out accuracy, or trained past 15 minutes, is reported and not written where toys ship."""
+    script = _script()
+    model = script.build("deltanet")
+    for acc, seconds, saved in ((0.5, 10.0, False), (0.99, 901.0, False), (0.99, 10.0, True)):
+        monkeypatch.setattr(script, "train", lambda name, steps, s=seconds: (model, [5.0], s))
+        monkeypatch.setattr(script, "accuracy", lambda model, task, a=acc: a)
+        assert script.main(["deltanet", "--out", str(tmp_path / str(acc) / str(seconds))]) == (0 if saved else 1)
+        assert (tmp_path / str(acc) / str(seconds) / "deltanet" / "manifest.json").is_file() == saved
+        assert ("not saved" in capsys.readouterr().err) != saved
+
+
 def test_a_sample_names_its_positions():
     task = toy_task("deltanet")
     for sample in task.samples(20, seed=3):
