@@ -13,8 +13,7 @@ name                  model                                       task
 ``deltanet``          Qwen3.5 text, 2 gated DeltaNet layers        associative recall
 ``hybrid``            Qwen3.5 text, gated DeltaNet + attention     associative recall
 ``mamba2``            Mamba-2, 2 layers                            associative recall
-``mamba``             Mamba-1, 2 layers (in the script; not        associative recall
-                      shipped yet)
+``mamba``             Mamba-1, 2 layers                            associative recall
 ``facts``             Qwen3.5 text, 2 gated DeltaNet layers        planted facts
 ====================  ==========================================  ==================
 
