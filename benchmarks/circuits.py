@@ -1,14 +1,15 @@
 """Benchmark row of `nnterp.circuits.edge_attribution` (issue 27): its cost per prompt pair against a forward.
 
-    python benchmarks/circuits.py                       # the hybrid toy, 8 pairs, EAP and EAP-IG (5 steps)
-    python benchmarks/circuits.py --model PATH --pairs 32 --length 64
+    python benchmarks/circuits.py                            # the hybrid toy, 8 pairs, EAP and EAP-IG (5 steps)
+    taskset -c 1 python benchmarks/circuits.py --page docs/performance.md   # the page's "Circuits" section
 
 Mental model: `edge_attribution` runs, per batch of prompt pairs, a corrupt forward that reads every node's
 output, then (EAP) a clean forward and backward, or (EAP-IG) a clean forward and ``steps`` forwards and
 backwards; positional edges add the per-source terms of every head. Its time divided by the time of one plain
 forward of the same clean batch is the row's ratio; divided by the number of pairs, its cost per pair.
 `edge_attribution_cost` is the function the benchmark page calls: interleaved repeats (`benchmarks.timing`),
-medians and the paired ``[min, max]`` of the ratio.
+medians and the paired ``[min, max]`` of the ratio. ``--page`` replaces the page's section between the markers
+`SECTION` and `END` (`benchmarks/run.py` keeps it); without it the section is printed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.store import replace_section  # noqa: E402
 from benchmarks.timing import Method, interleave, summary  # noqa: E402
+
+SECTION = "<!-- circuits: made by benchmarks/circuits.py; do not edit by hand -->"
+END = "<!-- /circuits -->"
 
 
 def edge_attribution_cost(
@@ -76,21 +81,49 @@ def _recall(model: Any, pairs: int) -> tuple:
     return [s.prompt for s in samples], [p for p, _ in corrupted], circuits.logit_difference(good, bad)
 
 
-def main(argv: list | None = None) -> None:
+def main(argv: list | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--page", help="a performance page whose circuits section this run replaces")
     args = parser.parse_args(argv)
+    import datetime
+
     from nnterp import StandardizedTransformer
     from nnterp.testing import toy_checkpoint
 
     model = StandardizedTransformer(str(toy_checkpoint("hybrid")), dispatch=True, device="cpu", enable_attention_probs=True)
     clean, corrupt, metric = _recall(model, args.pairs)
+    length = len(model.tokenizer(clean[0]).input_ids)
+    rows = []
     for method, positional in (("eap", False), ("eap-ig", False), ("eap-ig", True)):
         cost = edge_attribution_cost(model, clean, corrupt, metric, method=method, steps=args.steps, positional=positional, repeats=args.reps, log=lambda _: None)
         low, high = cost["ratio_range"]
-        print(f"| {cost['row']} | {cost['pairs']} | {cost['per_pair_s'] * 1e3:.1f} ms | {cost['ratio']:.1f}x [{low:.1f}, {high:.1f}] |")
+        rows.append(f"| `{cost['row']}` | {cost['pairs']} | {cost['per_pair_s'] * 1e3:.1f} ms | {cost['ratio']:.1f}x [{low:.1f}, {high:.1f}] |")
+    text = "\n".join([
+        SECTION,
+        "## Circuits",
+        "",
+        f"`nnterp.circuits.edge_attribution` on the `hybrid` toy (a gated DeltaNet layer, then an attention layer), "
+        f"{args.pairs} recall prompt pairs of {length} tokens (the queried pair's value corrupted), every edge scored; "
+        f"run of {datetime.date.today().isoformat()}, CPU, {torch.get_num_threads()} torch thread(s). The time per pair, and "
+        f"against one plain forward of the same clean batch: medians of {args.reps} interleaved repeats, `[min, max]` of the "
+        "paired ratios (`python benchmarks/circuits.py --page docs/performance.md`). EAP is one corrupt forward, one "
+        "clean forward and one backward; EAP-IG adds a forward and a backward per step; positional edges add every "
+        "head's per-source terms.",
+        "",
+        "| call | pairs | per pair | vs a forward |",
+        "|---|---|---|---|",
+        *rows,
+        END,
+        "",
+    ])
+    if args.page:
+        replace_section(Path(args.page), text, SECTION, END)
+    else:
+        print(text)
+    return text
 
 
 if __name__ == "__main__":

@@ -178,16 +178,18 @@ SOAK = re.compile(r"<!-- soak:.*?<!-- /soak -->\n?", flags=re.S)
 GPU = re.compile(r"<!-- gpu:.*?<!-- /gpu -->\n?", flags=re.S)
 STORE = re.compile(r"<!-- store:.*?<!-- /store -->\n?", flags=re.S)
 LONG_CONTEXT = re.compile(r"<!-- long-context:.*?<!-- /long-context -->\n?", flags=re.S)
+CIRCUITS = re.compile(r"<!-- circuits:.*?<!-- /circuits -->\n?", flags=re.S)
 
 
 def write(out: str, text: str) -> None:
-    """Write the page, keeping the sections `import_time.py`, `soak.py`, `gpu.py`, `store.py` and `long_context.py` put there (none is rerun here)."""
+    """Write the page, keeping the sections `import_time.py`, `soak.py`, `gpu.py`, `store.py`, `long_context.py` and
+    `circuits.py` put there (none is rerun here)."""
     from .import_time import section, with_section
 
     path = Path(out)
     old = path.read_text() if path.exists() else ""
     text = with_section(text, section(old) if old else None)
-    for kept in (SOAK, GPU, STORE, LONG_CONTEXT):
+    for kept in (SOAK, GPU, STORE, LONG_CONTEXT, CIRCUITS):
         found = kept.search(old)
         if found is not None and not kept.search(text):
             text = text.rstrip("\n") + "\n\n" + found.group(0)

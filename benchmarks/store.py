@@ -205,14 +205,14 @@ def render(args, config, methods: list, memory: list, sizes: dict, recurrent: in
     ])
 
 
-def replace_section(page: Path, text: str) -> None:
-    """Put ``text`` between the markers of ``page`` (appended where it has none)."""
+def replace_section(page: Path, text: str, begin: str = SECTION, close: str = END) -> None:
+    """Put ``text`` between the markers ``begin`` and ``close`` of ``page`` (appended where it has none)."""
     old = page.read_text()
-    start, end = old.find(SECTION), old.find(END)
+    start, end = old.find(begin), old.find(close)
     if start < 0 or end < 0:
         page.write_text(old.rstrip("\n") + "\n\n" + text)
     else:
-        page.write_text(old[:start] + text + old[end + len(END) + 1 :])
+        page.write_text(old[:start] + text + old[end + len(close) + 1 :])
 
 
 if __name__ == "__main__":

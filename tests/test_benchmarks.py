@@ -299,7 +299,22 @@ def test_store_script_writes_its_section_and_the_runner_keeps_it(tmp_path):
                        "--cache", str(tmp_path / "models"), "--page", str(page)])
     assert text.startswith(store.SECTION) and text.rstrip().endswith(store.END)
     rows = [line for line in text.splitlines() if line.startswith("| collect")]
-    assert len(rows) == 2 and all("KiB" in row and "x: " in row for row in rows)
+    assert len(rows) == 3 and all("KiB" in row and "x: " in row for row in rows)  # state_output, factorized, inputs
     assert "not run" not in page.read_text() and page.read_text().count(store.SECTION) == 1
     run.write(str(page), "# Performance\n\nrewritten\n")
     assert page.read_text().count(store.SECTION) == 1 and "rewritten" in page.read_text()
+
+
+def test_circuits_script_writes_its_section_and_the_runner_keeps_it(tmp_path):
+    # edge_attribution's cost on the hybrid toy, two pairs, one repeat: three rows with a positive ratio each.
+    from benchmarks import circuits
+
+    page = tmp_path / "performance.md"
+    page.write_text("# Performance\n\n" + circuits.SECTION + "\nnot run\n" + circuits.END + "\n")
+    text = circuits.main(["--pairs", "2", "--steps", "2", "--reps", "1", "--page", str(page)])
+    assert text.startswith(circuits.SECTION) and text.rstrip().endswith(circuits.END)
+    rows = [line for line in text.splitlines() if line.startswith("| `edge_attribution")]
+    assert len(rows) == 3 and all(float(row.split("|")[4].split("x")[0]) > 0 for row in rows)
+    assert "not run" not in page.read_text() and page.read_text().count(circuits.SECTION) == 1
+    run.write(str(page), "# Performance\n\nrewritten\n")
+    assert page.read_text().count(circuits.SECTION) == 1 and "rewritten" in page.read_text()
