@@ -293,7 +293,7 @@ def _plots(model: Any, out: Path, recurrent: list, states: list, tokens: list, e
     try:
         from . import plot
 
-        plot._pyplot()
+        plot.figure_class()
     except ImportError as error:
         print(f"  skipped: {error}")
         return

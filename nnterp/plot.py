@@ -37,11 +37,12 @@ __all__ = ["state_norms", "head_norms", "effective_attention", "patch_effect", "
 INSTALL = 'pip install "nnterp[plot]"'
 
 
-def _pyplot() -> Any:
+def figure_class(what: str = "nnterp.plot") -> Any:
+    """matplotlib's ``Figure`` class (figures are built off-screen), or ``ImportError`` naming ``what`` and the extra."""
     try:
         import matplotlib
     except ImportError as error:  # the optional extra is missing
-        raise ImportError(f"nnterp.plot needs matplotlib: {INSTALL}") from error
+        raise ImportError(f"{what} needs matplotlib: {INSTALL}") from error
     # A figure is built off-screen and returned; never pop a window from a library.
     from matplotlib.figure import Figure
 
@@ -100,7 +101,7 @@ def state_norms(
     Returns:
         a matplotlib ``Figure``.
     """
-    Figure = _pyplot()
+    Figure = figure_class()
     labels, values = _layers(states_by_layer)
     if not values:
         raise InvalidArgument("state_norms needs at least one layer's states")
@@ -137,7 +138,7 @@ def head_norms(state: torch.Tensor, *, row: int = 0, title: str = "State norm pe
     Returns:
         a matplotlib ``Figure``.
     """
-    Figure = _pyplot()
+    Figure = figure_class()
     from matplotlib.ticker import MaxNLocator
 
     state = torch.as_tensor(state).detach()
@@ -188,7 +189,7 @@ def effective_attention(
     Returns:
         a matplotlib ``Figure``.
     """
-    Figure = _pyplot()
+    Figure = figure_class()
     pattern = torch.as_tensor(pattern).detach()
     panels = pattern if row is None else pattern[row]
     if panels.ndim != 3 or panels.shape[-1] != panels.shape[-2]:
@@ -237,7 +238,7 @@ def patch_effect(
         a matplotlib ``Figure``. Heatmaps use a diverging colormap centred on 0:
         red raised the target, blue lowered it.
     """
-    Figure = _pyplot()
+    Figure = figure_class()
     if hasattr(effects, "effect") and hasattr(effects, "layers"):  # a SweepResult
         labels, grid = list(effects.layers), effects.effect
         positions = list(effects.positions)
@@ -290,7 +291,7 @@ def attribution(result: Any, sweep: Any = None, *, label: str = "Δ metric", tit
     Returns:
         a matplotlib ``Figure``.
     """
-    Figure = _pyplot()
+    Figure = figure_class()
     grids = [("attribution estimate", torch.as_tensor(result.estimate, dtype=torch.float32).detach().cpu())]
     if sweep is not None:
         grids.append(("patching effect", torch.as_tensor(sweep.effect, dtype=torch.float32).detach().cpu()))
@@ -362,7 +363,7 @@ def logit_lens(model: Any, prompt: str, *, layers: Sequence[int] | None = None, 
     Returns:
         a matplotlib ``Figure`` (rows: layers, first at the bottom; columns: positions).
     """
-    Figure = _pyplot()
+    Figure = figure_class()
     layers = list(range(model.num_layers)) if layers is None else layer_indices(layers, model.num_layers, "plot.logit_lens(layers=...)")
     rows: list = []
     with model.trace(prompt):

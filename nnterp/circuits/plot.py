@@ -12,17 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..plot import figure_class
+
 __all__ = ["plot_graph", "plot_curve"]
-
-INSTALL = 'pip install "nnterp[plot]"'
-
-
-def _figure() -> Any:
-    try:
-        from matplotlib.figure import Figure  # off-screen: a library never pops a window
-    except ImportError as error:  # the optional extra is missing
-        raise ImportError(f"nnterp.circuits' plots need matplotlib: {INSTALL}") from error
-    return Figure
 
 
 def _stages(nodes: Any) -> dict:
@@ -40,7 +32,7 @@ def _stages(nodes: Any) -> dict:
 
 def plot_graph(graph: Any, k: int = 30, ax: Any = None) -> Any:
     """The ``k`` strongest edges of an `EdgeGraph` as a layered graph (module docstring); returns the Figure."""
-    Figure = _figure()
+    Figure = figure_class("nnterp.circuits' plots")
     figure = ax.figure if ax is not None else Figure(figsize=(max(6, len(graph.nodes.parts) * 1.2), 4.5))
     ax = ax if ax is not None else figure.add_subplot()
     where = _stages(graph.nodes)
@@ -68,7 +60,7 @@ def plot_graph(graph: Any, k: int = 30, ax: Any = None) -> Any:
 
 def plot_curve(curve: Any, ax: Any = None) -> Any:
     """A `FaithfulnessCurve`: the recovered fraction against the share of edges kept; returns the Figure."""
-    Figure = _figure()
+    Figure = figure_class("nnterp.circuits' plots")
     figure = ax.figure if ax is not None else Figure(figsize=(5, 3.5))
     ax = ax if ax is not None else figure.add_subplot()
     shares = [size / curve.total for size in curve.sizes]
