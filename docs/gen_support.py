@@ -38,7 +38,7 @@ the second column).
 
 def _where(model: Any, key: str) -> str:
     kind = key.split(".", 1)[0]
-    if kind == "model":
+    if kind in ("model", "circuits"):
         return "model"
     if kind == "layer":
         return "every layer"
@@ -51,7 +51,7 @@ def _where(model: Any, key: str) -> str:
 def _cell(entry: Any, notes: dict) -> str:
     if entry is None:
         return "yes"
-    reasons = list(entry.values()) if isinstance(entry, dict) else list(entry)
+    reasons = list(entry.values()) if isinstance(entry, dict) else [entry] if isinstance(entry, str) else list(entry)
     numbered = []
     for reason in dict.fromkeys(reasons):  # in first-seen order, once each
         if reason is not None:

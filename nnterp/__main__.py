@@ -54,7 +54,7 @@ def format_support(model: Any, title: str = "") -> str:
 
     rows = []
     for key, entry in table.items():
-        if key.startswith("model."):
+        if key.startswith(("model.", "circuits.")):  # model-wide rows: listed under the table
             continue
         if entry is None:
             present = _present(model, key)
@@ -76,6 +76,9 @@ def format_support(model: Any, title: str = "") -> str:
     model_values = [key[len("model."):] for key, entry in table.items() if key.startswith("model.") and entry is None]
     if model_values:
         lines.append(f"model: {', '.join(model_values)} served")
+    circuit_rows = {key[len("circuits."):]: entry for key, entry in table.items() if key.startswith("circuits.")}
+    if circuit_rows:
+        lines.append("circuits: " + ", ".join(f"{name} {cell(entry)}" for name, entry in circuit_rows.items()))
     lines.append(f"{SERVED} served   {ABSENT} the layer has no such part" + ("   letter: not served, because" if reasons else ""))
     for reason, code in reasons.items():
         lines.append(f"  {code}: {reason}")

@@ -392,6 +392,7 @@ class StandardizedTransformer(OneXInterface, TransformersModel):
         or a dict keyed by layer index when only some do (a hybrid), each
         entry ``None`` or a sentence saying why and what to do. Computed now,
         from the live state of the process (routing, installed kernels).
+        The model-wide ``"circuits.*"`` rows (one entry each) are `nnterp.circuits.support`'s.
         """
         return support_table(self)
 

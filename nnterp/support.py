@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .circuits.nodes import support as circuit_support
 from .components.layer import PARTS
 
 #: Component kind -> the standard attribute of a layer it is reached by.
@@ -49,6 +50,7 @@ def support_table(model: Any) -> dict:
             table[key] = [per_layer[i] for i in range(len(layers))]
         else:
             table[key] = dict(sorted(per_layer.items()))
+    table.update(circuit_support(model))
     return table
 
 

@@ -64,6 +64,13 @@ def test_support_prints_layers_by_values_with_reasons():
     reason = next(line for line in lines if line.strip().startswith(f"{code}:"))
     assert "token-by-token kernel" in reason and ROUTE_HINT in reason
     assert "--routed" in done.stdout
+    # The circuits rows are model-wide: one line, each node kind served or a reason's letter.
+    circuits_line = next(line for line in lines if line.startswith("circuits:"))
+    kinds = dict(item.split() for item in circuits_line[len("circuits: "):].split(", "))
+    assert all(kinds[kind] == "+" for kind in ("embed", "logits", "attention_heads", "mixer_heads", "mixers", "mlp"))
+    positional = next(line for line in lines if line.strip().startswith(f"{kinds['positional']}:"))
+    assert "enable_attention_probs=True" in positional
+    assert not any(line.startswith("circuits.") for line in lines)
 
 
 def test_support_routed_serves_the_states():

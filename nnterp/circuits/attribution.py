@@ -10,7 +10,12 @@ forward, and one clean forward and backward, give every edge's score. ``method="
 over ``steps`` runs whose embeddings are ``corrupt + (k / steps) · (clean − corrupt)``, ``k = 0 .. steps − 1``
 (Hanna et al. 2024's EAP-IG-inputs, arXiv:2403.17806, as their code does), which follows the metric along the
 way from the corrupt prompt to the clean one rather than at the clean end alone; it costs ``steps`` forward
-and backward passes.
+and backward passes. ``method="eap-ig-activations"`` integrates along each destination's own input instead:
+the gradient by ``input_v`` averaged over ``steps`` runs in which ``v`` alone reads
+``input_v + ((k + ½) / steps) · (corrupt_v − input_v)`` (every edge into ``v`` patched by that fraction, the rest
+clean), the path a single edge's patch moves along. It is integrated gradients on the activations
+(Marks et al. 2024, arXiv:2403.19647; Hanna et al. 2024's EAP-IG-activations) with each destination
+interpolated apart from the others, and costs ``steps`` forward and backward passes per destination.
 
 ``metric(logits, pairs)`` takes the logits of a batch ``[batch, seq, vocab]`` and the indices of its prompt
 pairs ``[batch]`` (a LongTensor: which pairs of the call's lists these rows are) and returns one value per row
@@ -54,13 +59,16 @@ def _per_row(ids: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
     return ids[pairs] if ids.numel() > 1 else ids.expand(len(pairs))
 
 
+METHODS = ("eap", "eap-ig", "eap-ig-activations")
+
+
 def _check(model: Any, clean: torch.Tensor, corrupt: torch.Tensor, metric: Any, method: str, steps: int, batch_size: Any) -> None:
     if torch.is_inference_mode_enabled():
         raise Unavailable("edge_attribution", "it takes the metric's gradient, which torch.inference_mode() disables: call it outside that block")
     if not callable(metric):
         raise WrongType(f"edge_attribution takes metric(logits, pairs) -> [batch], got {type(metric).__name__}")
-    if method not in ("eap", "eap-ig"):
-        raise InvalidArgument(f"method is 'eap' or 'eap-ig', got {method!r}")
+    if method not in METHODS:
+        raise InvalidArgument(f"method is one of {METHODS}, got {method!r}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise InvalidArgument(f"steps is a positive int, got {steps!r}")
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
@@ -73,6 +81,20 @@ def _embeddings(model: Any, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad(), model.trace(ids, **run_kwargs(model), **model.family.BACKWARD_KWARGS):
         saved = model.embed_tokens.output.save()
     return saved
+
+
+def _destination_paths(model: Any, graph: Any, ids: torch.Tensor, donor: Any, metric: Callable, pairs: torch.Tensor, steps: int) -> dict:
+    """``{destination: [batch, seq, hidden]}``: the metric's gradient by each destination's input, averaged along
+    the path of that input alone from clean toward corrupt (midpoints; ``method="eap-ig-activations"``)."""
+    gradients = {}
+    for v in graph.destinations:
+        every = graph.weights([(u, v) for u in graph.sources[: graph.upstream[v]]])[v]
+        runs = [
+            trace_nodes(model, graph, ids, patch={v: every * ((k + 0.5) / steps)}, corrupt=donor, metric=metric, pairs=pairs, grad=True)
+            for k in range(steps)
+        ]
+        gradients[v] = sum(run.grads[v] for run in runs) / steps
+    return gradients
 
 
 def edge_attribution(
@@ -96,7 +118,8 @@ def edge_attribution(
         nodes: the node kinds of the graph (`nnterp.circuits.nodes.NODE_KINDS`); a kind not listed is in no edge.
         positional: split every edge out of a head by source position (`nnterp.circuits.positional`): its edges
             are ``(source, destination, s)``, ``s`` ``None`` for the embeddings and an MLP.
-        method: ``"eap"`` or ``"eap-ig"``; ``steps``: the integrated gradients' steps.
+        method: ``"eap"``, ``"eap-ig"`` or ``"eap-ig-activations"`` (not positional); ``steps``: the integrated
+            gradients' steps.
         batch_size: prompt pairs per run (``None``: all at once); ``progress``: a tqdm bar over the batches.
 
     Returns:
@@ -105,6 +128,8 @@ def edge_attribution(
     graph = node_map(model, nodes)
     if positional:
         check_positional(model, graph)
+        if method == "eap-ig-activations":
+            raise InvalidArgument("method='eap-ig-activations' scores whole edges: use 'eap' or 'eap-ig' with positional=True")
     clean_ids, corrupt_ids = prompt_ids(model, clean, "clean"), prompt_ids(model, corrupt, "corrupt")
     _check(model, clean_ids, corrupt_ids, metric, method, steps, batch_size)
     from tqdm.auto import tqdm
@@ -127,13 +152,15 @@ def edge_attribution(
             base = trace_nodes(model, graph, ids, metric=metric, pairs=pairs, positional=positional)
             if method == "eap":
                 runs = [trace_nodes(model, graph, ids, metric=metric, pairs=pairs, grad=True)]
+            elif method == "eap-ig-activations":
+                paths = _destination_paths(model, graph, ids, donor, metric, pairs, steps)
             else:
                 given = _embeddings(model, donor_ids)
                 runs = [trace_nodes(model, graph, ids, metric=metric, pairs=pairs, grad=True, embeddings=(given, k / steps)) for k in range(steps)]
         clean_total += float(base.values.sum())
         difference = donor.outputs - base.outputs  # [batch, seq, sources, hidden]
         for column, v in enumerate(graph.destinations):
-            gradient = sum(run.grads[v] for run in runs) / len(runs)
+            gradient = paths[v] if method == "eap-ig-activations" else sum(run.grads[v] for run in runs) / len(runs)
             upstream = graph.upstream[v]
             total[:upstream, column] += torch.einsum("btnd,btd->n", difference[:, :, :upstream], gradient)
             for part in graph.parts:

@@ -16,6 +16,8 @@ from nnterp import circuits
 from nnterp.attribution import rank_correlation
 from nnterp.circuits.patching import trace_nodes
 from nnterp.components.gated_deltanet import LinearAttention
+from nnterp.components.kimi_delta_attention import KimiDeltaAttention
+from nnterp.components.mlstm import MLSTM
 from nnterp.components.state_space import StateSpace
 
 from .kinds import BY_KIND, PLAIN
@@ -23,6 +25,9 @@ from .kinds import BY_KIND, PLAIN
 #: One family per mixer kind, plus a plain transformer: gated DeltaNet, Kimi, Mamba-1, Mamba-2, RWKV-4, mLSTM, RG-LRU, short convolution.
 KINDS = [PLAIN, *sorted(BY_KIND.values())]
 N, SEQ = 4, 8
+#: Where `method="eap-ig-activations"` ranks under 0.9 (the docs table says by how much): Kimi's mixture of experts
+#: routes differently once an edge is patched, a jump no gradient sees; the mLSTM measured 0.89.
+BELOW_BAR = {BY_KIND[KimiDeltaAttention], BY_KIND[MLSTM]}
 
 
 def _task(model, seed: int = 0, at: slice = slice(5, 6)):
@@ -70,11 +75,29 @@ def test_scores_rank_the_edges_as_their_patches_do(model_type, load):
     graph = circuits.node_map(model)
     base = float(metric(circuits.patch_edges(model, clean, corrupt, []), torch.arange(N)).mean())
     effects = torch.tensor([float(metric(circuits.patch_edges(model, clean, corrupt, [e]), torch.arange(N)).mean()) - base for e in graph.edges])
-    for method in ("eap", "eap-ig"):
+    for method in ("eap", "eap-ig", "eap-ig-activations"):
         scores = circuits.edge_attribution(model, clean, corrupt, metric, method=method, steps=10, progress=False).scores
         correlation = rank_correlation(scores, effects)
         print(f"{model_type} {method} spearman {correlation:.3f}")
-        assert correlation >= 0.5
+        assert correlation >= (0.9 if method == "eap-ig-activations" and model_type not in BELOW_BAR else 0.5)
+
+
+@pytest.mark.parametrize("model_type", [PLAIN, BY_KIND[LinearAttention], BY_KIND[MLSTM]])
+def test_eap_ig_activations_into_a_destination_sums_to_patching_all_its_edges(model_type, load):
+    # Completeness of integrated gradients along one destination's input: its edges' scores sum to the effect of
+    # patching every edge into it (the patch itself, `patch_edges`, checked against plain transformers).
+    model = load(model_type)
+    clean, corrupt, metric = _task(model, seed=5)
+    graph = circuits.edge_attribution(model, clean, corrupt, metric, method="eap-ig-activations", steps=24, progress=False)
+    base = float(metric(circuits.patch_edges(model, clean, corrupt, []), torch.arange(N)).mean())
+    checked = 0
+    for v in graph.nodes.destinations:
+        into = [edge for edge in graph.edges if edge[1] == v]
+        effect = float(metric(circuits.patch_edges(model, clean, corrupt, into), torch.arange(N)).mean()) - base
+        total = sum(graph.score(*edge) for edge in into)
+        assert total == pytest.approx(effect, rel=0.05, abs=2e-2), v
+        checked += abs(effect) > 0.1
+    assert checked >= 2
 
 
 @pytest.mark.parametrize("model_type", [PLAIN, BY_KIND[LinearAttention], BY_KIND[StateSpace]])
@@ -110,7 +133,7 @@ def test_a_wrong_call_says_what_to_pass_and_leaves_the_model_as_it_was(load):
     before = {name: p.detach().clone() for name, p in model._model.named_parameters()}
     with pytest.raises(ShapeError, match="one value per prompt"):
         circuits.edge_attribution(model, clean, corrupt, lambda logits, pairs: logits.sum(), progress=False)
-    with pytest.raises(ValueError, match="'eap' or 'eap-ig'"):
+    with pytest.raises(ValueError, match="method is one of"):
         circuits.edge_attribution(model, clean, corrupt, metric, method="ig", progress=False)
     with pytest.raises(ShapeError, match="pairs of prompts of one length"):
         circuits.edge_attribution(model, clean, corrupt[:, :-1], metric, progress=False)

@@ -8,13 +8,17 @@ of the projection's input; the destination's input: its input norm's input).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
-from nnterp import Unavailable, circuits
+from nnterp import StandardizedTransformer, Unavailable, circuits
+from nnterp.components.short_convolution import ShortConvolution
 from nnterp.recurrent.no_cache import run_kwargs
+from nnterp.testing import tiny_checkpoint
 
-from .kinds import SERVED, UNSERVED
+from .kinds import BY_KIND, PLAIN, SERVED, UNSERVED
 
 
 def _pairs(vocab: int, n: int = 2, seq: int = 7, seed: int = 0) -> tuple:
@@ -132,3 +136,48 @@ def test_every_single_edge_and_a_set_of_edges_patch_as_the_plain_hook_oracle(mod
         _, corrupt_outputs = oracle.outputs(corrupt)
         want = oracle.outputs(clean, patched, corrupt_outputs)[0]
     torch.testing.assert_close(circuits.patch_edges(model, clean, corrupt, chosen), want, atol=1e-4, rtol=1e-4)
+
+
+#: Each node kind's row in ``model.support()``, and the sources of that kind in a node map built for it.
+_SOURCES = {"attention_heads": r"a\d+\.h\d+$", "mixer_heads": r"m\d+\.h\d+$", "mixers": r"m\d+(\.h\d+)?$", "mlp": r"mlp\d+$"}
+
+
+@pytest.mark.parametrize("model_type", [PLAIN, "qwen3_5_text", "mamba", *(name for name, _ in UNSERVED)])
+def test_model_support_lists_the_node_kinds_the_node_map_builds(model_type, load):
+    # The oracle is the node map itself: a kind's row is None exactly where a map built for that kind has its
+    # sources, and a refused family's rows carry the reason the map raises.
+    model = load(model_type)
+    table = model.support()
+    rows = {key: value for key, value in table.items() if key.startswith("circuits.")}
+    assert set(rows) == {f"circuits.{kind}" for kind in ("embed", "logits", "positional", *_SOURCES)}
+    try:
+        circuits.node_map(model)
+    except Unavailable as refused:
+        assert all(reason == refused.reason for reason in rows.values()), rows
+        return
+    assert rows["circuits.embed"] is None and rows["circuits.logits"] is None
+    for kind, pattern in _SOURCES.items():
+        has = any(re.match(pattern, name) for name in circuits.node_map(model, nodes=(kind,)).sources)
+        assert (rows[f"circuits.{kind}"] is None) == has, (kind, rows[f"circuits.{kind}"])
+
+
+def test_model_support_says_when_edges_split_by_position(load):
+    def eager(model_type):
+        return StandardizedTransformer(str(tiny_checkpoint(model_type)), dispatch=True, device="cpu", enable_attention_probs=True)
+
+    # Plain: sdpa attention forms no pattern; eager does. Recurrent-only: the selective scan splits.
+    assert "enable_attention_probs=True" in load(PLAIN).support()["circuits.positional"]
+    assert eager(PLAIN).support()["circuits.positional"] is None
+    assert load("mamba").support()["circuits.positional"] is None
+    hybrid = eager("qwen3_5_text")
+    assert hybrid.support()["circuits.positional"] is None
+    graph = circuits.edge_attribution(hybrid, *_pairs(200, n=1, seq=4), _last, positional=True, progress=False)
+    assert graph.seq == 4 and len(graph.edges[0]) == 3  # (source, destination, position)
+    assert "ShortConvolution" in load(BY_KIND[ShortConvolution]).support()["circuits.positional"]
+    with pytest.raises(Unavailable, match="ShortConvolution"):
+        model = load(BY_KIND[ShortConvolution])
+        circuits.edge_attribution(model, *_pairs(200, n=1, seq=4), _last, positional=True, progress=False)
+
+
+def _last(logits, pairs):
+    return logits[:, -1, 0]
