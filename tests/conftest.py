@@ -39,6 +39,20 @@ def load():
 
 
 @pytest.fixture(scope="module")
+def eager_models():
+    """``eager_models(model_type) -> StandardizedTransformer`` with eager attention and its weights served
+    (``enable_attention_probs=True``), cached per module."""
+    cache: dict = {}
+
+    def get(model_type: str) -> StandardizedTransformer:
+        if model_type not in cache:
+            cache[model_type] = StandardizedTransformer(str(tiny_checkpoint(model_type)), dispatch=True, device="cpu", enable_attention_probs=True)
+        return cache[model_type]
+
+    return get
+
+
+@pytest.fixture(scope="module")
 def plains():
     """``plains(model_type, **from_pretrained_kwargs)`` -> the plain transformers model (the oracle), cached per module."""
     from transformers import AutoModelForCausalLM

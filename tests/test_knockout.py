@@ -58,18 +58,6 @@ def _oracle_eager(layer: int, pairs: list, mode: str, repeat_kv):
     return eager
 
 
-@pytest.fixture(scope="module")
-def eager_models(checkpoint):
-    cache: dict = {}
-
-    def get(model_type):
-        if model_type not in cache:
-            cache[model_type] = StandardizedTransformer(str(checkpoint(model_type)), dispatch=True, device="cpu", enable_attention_probs=True)
-        return cache[model_type]
-
-    return get
-
-
 @pytest.mark.parametrize("model_type", ATTENTION_FAMILIES)
 @pytest.mark.parametrize("mode, targets", [("value", None), ("value", [4, 6]), ("mask", None), ("mask", [5])])
 def test_an_attention_knockout_is_the_eager_forward_with_those_weights_edited(model_type, mode, targets, eager_models, plains, monkeypatch):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nnterp import StandardizedTransformer, Unavailable, circuits
+from nnterp import Unavailable, circuits
 from nnterp.circuits.positional import EXACT
 from nnterp.components.gated_deltanet import LinearAttention
 from nnterp.components.kimi_delta_attention import KimiDeltaAttention
@@ -32,18 +32,6 @@ NODES = {BY_KIND[KimiDeltaAttention]: ("mixer_heads", "mlp")}
 N, SEQ = 2, 7
 
 
-@pytest.fixture(scope="module")
-def eager(checkpoint):
-    cache: dict = {}
-
-    def get(model_type):
-        if model_type not in cache:
-            cache[model_type] = StandardizedTransformer(str(checkpoint(model_type)), dispatch=True, device="cpu", enable_attention_probs=True)
-        return cache[model_type]
-
-    return get
-
-
 def _task(seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
     clean = torch.randint(3, 200, (N, SEQ), generator=generator)
@@ -55,8 +43,8 @@ def _task(seed: int = 0):
 
 @pytest.mark.parametrize("method", ["eap", "eap-ig"])
 @pytest.mark.parametrize("model_type", FAMILIES)
-def test_the_positional_edges_of_a_head_sum_to_its_edge(model_type, method, eager):
-    model = eager(model_type)
+def test_the_positional_edges_of_a_head_sum_to_its_edge(model_type, method, eager_models):
+    model = eager_models(model_type)
     clean, corrupt, metric = _task()
     nodes = NODES.get(model_type, circuits.NODE_KINDS[::2])
     whole = circuits.edge_attribution(model, clean, corrupt, metric, nodes=nodes, method=method, steps=3, progress=False)
@@ -74,8 +62,8 @@ def test_the_positional_edges_of_a_head_sum_to_its_edge(model_type, method, eage
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
-def test_every_positional_edge_patched_is_the_corrupt_forward(model_type, eager, plains):
-    model, plain = eager(model_type), plains(model_type)
+def test_every_positional_edge_patched_is_the_corrupt_forward(model_type, eager_models, plains):
+    model, plain = eager_models(model_type), plains(model_type)
     clean, corrupt, metric = _task(1)
     graph = circuits.edge_attribution(model, clean, corrupt, metric, positional=True, progress=False, nodes=NODES.get(model_type, circuits.NODE_KINDS[::2]))
     with torch.no_grad():
@@ -90,10 +78,10 @@ def test_every_positional_edge_patched_is_the_corrupt_forward(model_type, eager,
     assert full.recovered == pytest.approx(1.0) and empty.recovered == pytest.approx(0.0, abs=1e-6)
 
 
-def test_one_positional_edge_is_the_plain_models_term(eager, plains):
+def test_one_positional_edge_is_the_plain_models_term(eager_models, plains):
     """Head 1 of llama's layer 0, source 3 -> logits: the term ``W_o,h (a[t, 3] v_3)`` of the corrupt run
     minus the clean run's, added to the final norm's input (plain torch hooks)."""
-    model, plain = eager("llama"), plains("llama", attn_implementation="eager")
+    model, plain = eager_models("llama"), plains("llama", attn_implementation="eager")
     clean, corrupt, _ = _task(2)
     attention = plain.model.layers[0].self_attn
     config = plain.config
@@ -134,9 +122,9 @@ def test_a_kind_with_a_skip_term_or_no_heads_says_its_split_is_not_served(model_
         circuits.edge_attribution(load(model_type), clean, corrupt, metric, positional=True, progress=False)
 
 
-def test_attention_needs_eager_weights_for_positional_edges(load, eager):
+def test_attention_needs_eager_weights_for_positional_edges(load, eager_models):
     assert "enable_attention_probs" in circuits.support(load("llama"))["circuits.positional"]
-    assert circuits.support(eager("llama"))["circuits.positional"] is None
+    assert circuits.support(eager_models("llama"))["circuits.positional"] is None
     assert circuits.support(load(BY_KIND[StateSpace]))["circuits.positional"] is None
     assert "ShortConvolution" in circuits.support(load(BY_KIND[ShortConvolution]))["circuits.positional"]
     clean, corrupt, metric = _task()
@@ -144,9 +132,9 @@ def test_attention_needs_eager_weights_for_positional_edges(load, eager):
         circuits.edge_attribution(load("llama"), clean, corrupt, metric, positional=True, progress=False)
 
 
-def test_patch_edges_takes_positional_edges_as_the_plain_term_test_does(eager):
+def test_patch_edges_takes_positional_edges_as_the_plain_term_test_does(eager_models):
     """A head's positional edges over every source, patched together, are its whole edge patched."""
-    model = eager("qwen3_5_text")
+    model = eager_models("qwen3_5_text")
     clean, corrupt, _ = _task(3)
     whole = circuits.patch_edges(model, clean, corrupt, [("m0.h1", "logits")])
     split = circuits.patch_edges(model, clean, corrupt, [("m0.h1", "logits", s) for s in range(SEQ)])
