@@ -59,7 +59,7 @@ def edge_attribution_cost(
     row = summary(timed, base)
     pairs = ids.shape[0]
     return {
-        "row": f"edge_attribution, method={method!r}{f', steps={steps}' if method == 'eap-ig' else ''}{', positional' if positional else ''}",
+        "row": f"edge_attribution, method={method!r}{f', steps={steps}' if method.startswith('eap-ig') else ''}{', positional' if positional else ''}",
         "pairs": pairs,
         "forward_s": row["median_s"] / row["ratio"],
         "attribution_s": row["median_s"],
@@ -97,7 +97,7 @@ def main(argv: list | None = None) -> str:
     clean, corrupt, metric = _recall(model, args.pairs)
     length = len(model.tokenizer(clean[0]).input_ids)
     rows = []
-    for method, positional in (("eap", False), ("eap-ig", False), ("eap-ig", True)):
+    for method, positional in (("eap", False), ("eap-ig", False), ("eap-ig", True), ("eap-ig-activations", False)):
         cost = edge_attribution_cost(model, clean, corrupt, metric, method=method, steps=args.steps, positional=positional, repeats=args.reps, log=lambda _: None)
         low, high = cost["ratio_range"]
         rows.append(f"| `{cost['row']}` | {cost['pairs']} | {cost['per_pair_s'] * 1e3:.1f} ms | {cost['ratio']:.1f}x [{low:.1f}, {high:.1f}] |")
@@ -111,7 +111,7 @@ def main(argv: list | None = None) -> str:
         f"against one plain forward of the same clean batch: medians of {args.reps} interleaved repeats, `[min, max]` of the "
         "paired ratios (`python benchmarks/circuits.py --page docs/performance.md`). EAP is one corrupt forward, one "
         "clean forward and one backward; EAP-IG adds a forward and a backward per step; positional edges add every "
-        "head's per-source terms.",
+        "head's per-source terms; EAP-IG-activations runs a forward and a backward per step and per destination.",
         "",
         "| call | pairs | per pair | vs a forward |",
         "|---|---|---|---|",

@@ -306,7 +306,7 @@ def test_store_script_writes_its_section_and_the_runner_keeps_it(tmp_path):
 
 
 def test_circuits_script_writes_its_section_and_the_runner_keeps_it(tmp_path):
-    # edge_attribution's cost on the hybrid toy, two pairs, one repeat: three rows with a positive ratio each.
+    # edge_attribution's cost on the hybrid toy, two pairs, one repeat: four rows with a positive ratio each.
     from benchmarks import circuits
 
     page = tmp_path / "performance.md"
@@ -314,7 +314,7 @@ def test_circuits_script_writes_its_section_and_the_runner_keeps_it(tmp_path):
     text = circuits.main(["--pairs", "2", "--steps", "2", "--reps", "1", "--page", str(page)])
     assert text.startswith(circuits.SECTION) and text.rstrip().endswith(circuits.END)
     rows = [line for line in text.splitlines() if line.startswith("| `edge_attribution")]
-    assert len(rows) == 3 and all(float(row.split("|")[4].split("x")[0]) > 0 for row in rows)
+    assert len(rows) == 4 and all(float(row.split("|")[4].split("x")[0]) > 0 for row in rows)
     assert "not run" not in page.read_text() and page.read_text().count(circuits.SECTION) == 1
     run.write(str(page), "# Performance\n\nrewritten\n")
     assert page.read_text().count(circuits.SECTION) == 1 and "rewritten" in page.read_text()
