@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 from transformers import DynamicCache
 
 from nnterp import NnterpError, NotInTrace, OrderError, ReadOnlyValue
@@ -186,6 +187,10 @@ class RGLRUSuite(StateContract):
     def test_a_window_written_entering_several_tokens_is_convolved_as_decode_steps_convolve_it(self, model, plain, ids):
         """Every block continues the prefix from the window it kept, one from a random window instead. Oracle:
         transformers' own decode steps, the module's window replaced by hand after the prefix."""
+        if not model.family.MENDABLE:
+            # transformers itself cannot run the oracle's setting there: nothing for nnterp to match
+            pytest.skip(f"transformers {transformers.__version__} misplaces the attention mask of a several-token call "
+                        "continuing a RecurrentGemma cache (before 5.23: the family's MENDABLE)")
         k, layer, n = 3, self.LAYERS[1], ids.shape[1]
         mixers = [i for i, block in enumerate(model.layers) if block.linear_attn is not None]
         cache, kept = DynamicCache(config=model._module.config), {}  # the model returns none; its attention needs one
