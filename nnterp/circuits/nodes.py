@@ -19,7 +19,9 @@ destination's input is the residual before the part's input norm (the norm's inp
 what that part alone reads; the residual later parts read is unchanged. An *edge* ``u -> v`` is every source
 ``u`` upstream of destination ``v``. MiniMax's blocks carry the normalized stream (``alpha · norm(x) + beta ·
 part(norm(x))``): there a source reaches a later destination scaled by every block norm's ``alpha · norm(x) / x``
-between them, factors of the run (`NodeMap.carries`, `NodeMap.carried`).
+between them, factors of the run (`NodeMap.carries`, `NodeMap.carried`). falcon_h1 runs its mixer and its
+attention in parallel on one norm's output: they share one destination, ``"m{l}"``, and each head's share is
+scaled by its part's output multiplier (`Part.beta`).
 
 `NodeMap` is the map for one model; `node_map(model)` builds it or raises `Unavailable` with the reason a
 family's parts do not read a plain residual; `support(model)` says it per node kind.
@@ -45,6 +47,8 @@ MIXER_NORMS = ("input_layernorm", "temporal_pre_norm", "operator_norm", "norm_ml
 MLP_NORMS = ("pre_feedforward_layernorm", "pre_ff_layernorm", "post_attention_layernorm", "channel_pre_norm", "ffn_norm", "norm_ffn", "ln2", "ln_2")
 #: The output projection of an attention layer or mixer, whose input is split into heads.
 PROJECTIONS = ("o_proj", "out_proj", "output", "linear_out", "c_proj")
+#: The block attribute scaling a part's output before it is added (falcon_h1's μP multipliers).
+OUT_MULTIPLIERS = {"attention": "attn_out_multiplier", "mixer": "ssm_out_multiplier"}
 #: Post-norms (the part's output normalized before it is added): ``{mixer post-norm, mlp post-norm}``.
 POST_NORMS = ("post_attention_layernorm", "post_feedforward_layernorm")
 
@@ -209,12 +213,6 @@ def _structure_reason(model: Any) -> str | None:
             "zamba2's shared transformer block reads the concatenation of the residual and the original embeddings, "
             "and its output is projected into the mixer's input, not added to one residual stream"
         )
-    for index, layer in enumerate(model.layers):
-        if layer.self_attn is not None and layer.linear_attn is not None:
-            return (
-                f"layer {index} runs its attention and its mixer in parallel on one norm's output, so the two "
-                "parts do not read separate inputs"
-            )
     return None
 
 
@@ -250,7 +248,9 @@ def node_map(model: Any, nodes: Any = ("attention_heads", "mixer_heads", "mlp"))
         children = dict(layer._module.named_children())
         post = all(name in children for name in POST_NORMS)
         alone = layer.self_attn is None and layer.linear_attn is None
-        for kind, envoy in (("attention", layer.self_attn), ("mixer", layer.linear_attn), ("mlp", layer.mlp)):
+        owner: dict = {}  # {norm: the destination of this layer that reads it}: falcon_h1's parallel parts share one
+        # Forward order: falcon_h1 runs its mixer, then its attention, on one norm's output.
+        for kind, envoy in (("mixer", layer.linear_attn), ("attention", layer.self_attn), ("mlp", layer.mlp)):
             if envoy is None:
                 continue
             names_ = (MLP_NORMS[:2] + MLP_NORMS[3:] if post else MLP_NORMS) + (MIXER_NORMS if alone else ()) if kind == "mlp" else MIXER_NORMS
@@ -272,11 +272,15 @@ def node_map(model: Any, nodes: Any = ("attention_heads", "mixer_heads", "mlp"))
             name = {"attention": f"a{index}", "mixer": f"m{index}", "mlp": f"mlp{index}"}[kind]
             names = tuple(f"{name}.h{h}" for h in range(heads)) if heads > 1 else (name,)
             post_norm = (POST_NORMS[1] if kind == "mlp" else POST_NORMS[0]) if post else None
-            upstream[name] = len(sources)
             layers.update(dict.fromkeys((name, *names), index))
-            destinations.append(name)
+            if norm is None or norm not in owner:
+                owner[norm] = name
+                upstream[name] = len(sources)
+                destinations.append(name)
             sources.extend(names)
-            beta = float(getattr(layer._module, f"{prefix}_beta_factor", 1.0))
+            # MiniMax's beta factors; falcon_h1's output multipliers.
+            beta = getattr(layer._module, f"{prefix}_beta_factor", None)
+            beta = float(getattr(layer._module, OUT_MULTIPLIERS.get(kind, ""), 1.0) if beta is None else beta)
             if carry:
                 carries.update(dict.fromkeys(names, len(carry_norms)))
             parts.append(Part(index, kind, name, norm, projection, len(names), post_norm, names, beta))

@@ -209,7 +209,8 @@ def trace_nodes(
             block = model.layers[part.layer]
             target = _PARTS[part.kind](block)
             alpha = nodes.carry_norms[nodes.reads[part.name]][2] if nodes.reads else None
-            read(part.name, _reader(block, part.kind, part.norm), alpha)
+            if part.name in nodes.upstream:  # falcon_h1's attention reads its mixer's destination
+                read(part.name, _reader(block, part.kind, part.norm), alpha)
             envoy = _PARTS[part.kind](block)
             if part.kind == "mlp":
                 out = _unwrap(envoy.output).unsqueeze(2)
