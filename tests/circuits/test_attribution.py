@@ -47,7 +47,7 @@ def _patched(model, graph, clean, donor, metric, weights) -> float:
     return float(trace_nodes(model, graph, clean, patch=weights, corrupt=donor, metric=metric, pairs=torch.arange(N)).values.mean())
 
 
-@pytest.mark.parametrize("model_type", KINDS)
+@pytest.mark.parametrize("model_type", [*KINDS, "falcon_h1"])  # falcon_h1: a destination two parts read
 def test_eap_is_the_derivative_of_the_one_edge_patch(model_type, load):
     model = load(model_type)
     clean, corrupt, metric = _task(model)
