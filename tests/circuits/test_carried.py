@@ -97,3 +97,20 @@ def test_one_edge_patched_is_the_plain_models_hooked_patch(load, plains):
         got = circuits.patch_edges(model, clean, corrupt, [edge])
         torch.testing.assert_close(got, _hooked(plain, clean, corrupt, edge), atol=1e-4, rtol=1e-4)
         assert not torch.allclose(got, want_clean, atol=1e-3), edge
+
+
+def test_every_edge_mean_ablated_reads_the_mean_corrupt_stream(load, plains):
+    # With every edge patched to its mean, each destination reads its corrupt input averaged over the corrupt
+    # prompts: the mean of what the sources add *as they arrive* (each prompt's own norm factors), so the logits
+    # are the final norm and unembedding of the mean corrupt final residual.
+    model, plain = load(MODEL), plains(MODEL)
+    generator = torch.Generator().manual_seed(5)
+    clean, corrupt = torch.randint(3, 200, (2, 7), generator=generator), torch.randint(3, 200, (3, 7), generator=generator)
+    seen = {}
+    hook = plain.model.norm.register_forward_pre_hook(lambda m, args: seen.__setitem__("x", args[0]))
+    with torch.no_grad():
+        plain(corrupt)
+        hook.remove()
+        want = plain.lm_head(plain.model.norm(seen["x"].mean(0, keepdim=True)))
+    got = circuits.patch_edges(model, clean, corrupt, circuits.node_map(model).edges, ablation="mean")
+    torch.testing.assert_close(got, want.expand_as(got), atol=1e-4, rtol=1e-4)
