@@ -158,14 +158,14 @@ def edge_attribution(
                 given = _embeddings(model, donor_ids)
                 runs = [trace_nodes(model, graph, ids, metric=metric, pairs=pairs, grad=True, embeddings=(given, k / steps)) for k in range(steps)]
         clean_total += float(base.values.sum())
-        difference = donor.outputs - base.outputs  # [batch, seq, sources, hidden]
         for column, v in enumerate(graph.destinations):
             gradient = paths[v] if method == "eap-ig-activations" else sum(run.grads[v] for run in runs) / len(runs)
             upstream = graph.upstream[v]
-            total[:upstream, column] += torch.einsum("btnd,btd->n", difference[:, :, :upstream], gradient)
+            difference = donor.at(graph, v) - base.at(graph, v)  # [batch, seq, upstream, hidden], as v reads them
+            total[:upstream, column] += torch.einsum("btnd,btd->n", difference, gradient)
             for part in graph.parts:
                 if part.name in base.terms and graph.upstream[v] > graph.sources.index(part.sources[0]):
-                    change = donor.terms[part.name] - base.terms[part.name]  # [batch, t, s, heads, hidden]
+                    change = donor.terms_at(graph, part.name, v) - base.terms_at(graph, part.name, v)  # [batch, t, s, heads, hidden]
                     grid = torch.einsum("btshd,btd->sh", change, gradient)
                     by_position[part.name, v] = by_position.get((part.name, v), 0) + grid
     index, heads = {name: i for i, name in enumerate(graph.sources)}, graph.heads_of()

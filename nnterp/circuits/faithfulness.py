@@ -79,8 +79,9 @@ def _metric_of(
     mean, positional = None, circuits[0].seq is not None
     if ablation == "mean":
         runs = [trace_nodes(model, nodes, corrupt_ids[start : start + step], positional=positional) for start in range(0, corrupt_ids.shape[0], step)]
-        terms = {name: torch.cat([run.terms[name] for run in runs]).mean(0, keepdim=True) for name in runs[0].terms}
-        mean = NodeRun(torch.cat([run.outputs for run in runs]).mean(0, keepdim=True), None, None, {}, terms)
+        terms = {name: torch.cat([run.terms[name] for run in runs]) for name in runs[0].terms}
+        factors = torch.cat([run.factors for run in runs]) if runs[0].factors is not None else None
+        mean = NodeRun(torch.cat([run.outputs for run in runs]), None, None, {}, terms, factors, mean=True)
     patches = [circuit.patches(circuit.complement()) for circuit in circuits]
     clean_total, totals = 0.0, [0.0] * len(circuits)
     bar = tqdm(total=len(range(0, count, step)) * len(circuits), desc="faithfulness", disable=not progress, leave=False)

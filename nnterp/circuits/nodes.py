@@ -17,7 +17,11 @@ A *destination* is where a part reads the residual: ``"a{l}"``, ``"m{l}"``, ``"m
 final norm). The heads of one part share its input: an edge starts at a head and ends at a part's input. A
 destination's input is the residual before the part's input norm (the norm's input), and editing it edits
 what that part alone reads; the residual later parts read is unchanged. An *edge* ``u -> v`` is every source
-``u`` upstream of destination ``v``.
+``u`` upstream of destination ``v``. MiniMax's blocks carry the normalized stream (``alpha · norm(x) + beta ·
+part(norm(x))``): there a source reaches a later destination scaled by every block norm's ``alpha · norm(x) / x``
+between them, factors of the run (`NodeMap.carries`, `NodeMap.carried`). falcon_h1 runs its mixer and its
+attention in parallel on one norm's output: they share one destination, ``"m{l}"``, and each head's share is
+scaled by its part's output multiplier (`Part.beta`).
 
 `NodeMap` is the map for one model; `node_map(model)` builds it or raises `Unavailable` with the reason a
 family's parts do not read a plain residual; `support(model)` says it per node kind.
@@ -43,6 +47,8 @@ MIXER_NORMS = ("input_layernorm", "temporal_pre_norm", "operator_norm", "norm_ml
 MLP_NORMS = ("pre_feedforward_layernorm", "pre_ff_layernorm", "post_attention_layernorm", "channel_pre_norm", "ffn_norm", "norm_ffn", "ln2", "ln_2")
 #: The output projection of an attention layer or mixer, whose input is split into heads.
 PROJECTIONS = ("o_proj", "out_proj", "output", "linear_out", "c_proj")
+#: The block attribute scaling a part's output before it is added (falcon_h1's μP multipliers).
+OUT_MULTIPLIERS = {"attention": "attn_out_multiplier", "mixer": "ssm_out_multiplier"}
 #: Post-norms (the part's output normalized before it is added): ``{mixer post-norm, mlp post-norm}``.
 POST_NORMS = ("post_attention_layernorm", "post_feedforward_layernorm")
 
@@ -61,6 +67,7 @@ class Part:
         heads: how many source nodes the part is (1: the part is one node).
         post_norm: the HF child of the block normalizing the part's output before it is added, or ``None``.
         sources: the source node names it writes, in head order.
+        beta: the factor the block multiplies the part's output by before adding it (MiniMax's ``*_beta_factor``).
     """
 
     layer: int
@@ -71,6 +78,7 @@ class Part:
     heads: int
     post_norm: str | None
     sources: tuple = ()
+    beta: float = 1.0
 
 
 @dataclass
@@ -87,6 +95,11 @@ class NodeMap:
         layers: ``{source or destination: its layer}`` (``embed``: 0; ``logits``: the number of layers).
         halve_every: RWKV-4 in eval halves the residual after every ``halve_every``-th block (0: never), so a
             source reaches a later destination scaled by ``2 ** -(halvings between)`` (`factor`).
+        carries: MiniMax's blocks carry the normalized stream (``alpha · norm(x) + beta · part(norm(x))``): each
+            input norm scales the whole stream by ``alpha · norm(x) / x``, elementwise, a factor of the run.
+            ``{source: how many such norms come before it writes}`` (empty elsewhere); ``reads``, ``{destination:
+            how many come before it reads}``: a source ``u`` reaches ``v`` scaled by the product of the factors
+            of norms ``carries[u] .. reads[v] − 1`` (`carried`).
     """
 
     parts: list
@@ -98,6 +111,30 @@ class NodeMap:
     embed_at: tuple = field(default=("", None))
     layers: dict = field(default_factory=dict)
     halve_every: int = 0
+    carries: dict = field(default_factory=dict)
+    #: ``[(layer, norm, alpha)]``: the norms the carried stream passes, in forward order (empty but on MiniMax).
+    carry_norms: list = field(default_factory=list)
+    reads: dict = field(default_factory=dict)
+
+    def carried(self, outputs: torch.Tensor, factors: torch.Tensor | None, destination: str) -> torch.Tensor:
+        """``[batch, seq, upstream, hidden]``: what each source upstream of ``destination`` adds to its input, from
+        ``outputs`` ``[batch, seq, sources, hidden]`` and the run's norm factors ``[batch, seq, norms, hidden]``."""
+        count = self.upstream[destination]
+        stop = self.reads.get(destination, 0)
+        if not stop:  # no norm before it: every source reaches it as written
+            return outputs[:, :, :count]
+        chosen = factors[:, :, :stop].to(outputs.device)
+        # after[k]: the product of factors k .. stop − 1 (the norms between a source written after k of them and v).
+        after = torch.cat([chosen.flip(2).cumprod(2).flip(2), torch.ones_like(outputs[:, :, :1])], 2)
+        index = torch.tensor([self.carries[u] for u in self.sources[:count]], device=outputs.device)
+        return outputs[:, :, :count] * after[:, :, index]
+
+    def carry(self, factors: torch.Tensor | None, part: str, destination: str) -> torch.Tensor | float:
+        """``[batch, seq, 1, 1, hidden]``: how a head of ``part`` reaches ``destination`` (1.0 but on MiniMax)."""
+        if not self.reads.get(destination, 0):
+            return 1.0
+        start = self.carries[next(p.sources[0] for p in self.parts if p.name == part)]
+        return factors[:, :, start : self.reads[destination]].prod(2)[:, :, None, None]
 
     def heads_of(self) -> dict:
         """``{source: (part name, head index)}`` for every head of an attention layer or mixer (the sources a
@@ -176,17 +213,6 @@ def _structure_reason(model: Any) -> str | None:
             "zamba2's shared transformer block reads the concatenation of the residual and the original embeddings, "
             "and its output is projected into the mixer's input, not added to one residual stream"
         )
-    if name == "minimax":
-        return (
-            "MiniMax's blocks carry the normalized stream forward (residual = input_layernorm(x) * alpha + "
-            "part * beta), so no residual stream is a sum of the parts' outputs"
-        )
-    for index, layer in enumerate(model.layers):
-        if layer.self_attn is not None and layer.linear_attn is not None:
-            return (
-                f"layer {index} runs its attention and its mixer in parallel on one norm's output, so the two "
-                "parts do not read separate inputs"
-            )
     return None
 
 
@@ -214,11 +240,17 @@ def node_map(model: Any, nodes: Any = ("attention_heads", "mixer_heads", "mlp"))
     sources, destinations, upstream = ["embed"], [], {}
     layers = {"embed": 0, "logits": len(model.layers)}
     embed_at = None
+    carries: dict = {}
+    reads: dict = {}
+    carry_norms: list = []  # (layer, norm, alpha) of each norm that scales the carried stream, in forward order
     for index, layer in enumerate(model.layers):
+        carry = hasattr(layer._module, "mlp_alpha_factor")  # MiniMax's block: alpha · norm(x) + beta · part(norm(x))
         children = dict(layer._module.named_children())
         post = all(name in children for name in POST_NORMS)
         alone = layer.self_attn is None and layer.linear_attn is None
-        for kind, envoy in (("attention", layer.self_attn), ("mixer", layer.linear_attn), ("mlp", layer.mlp)):
+        owner: dict = {}  # {norm: the destination of this layer that reads it}: falcon_h1's parallel parts share one
+        # Forward order: falcon_h1 runs its mixer, then its attention, on one norm's output.
+        for kind, envoy in (("mixer", layer.linear_attn), ("attention", layer.self_attn), ("mlp", layer.mlp)):
             if envoy is None:
                 continue
             names_ = (MLP_NORMS[:2] + MLP_NORMS[3:] if post else MLP_NORMS) + (MIXER_NORMS if alone else ()) if kind == "mlp" else MIXER_NORMS
@@ -226,6 +258,10 @@ def node_map(model: Any, nodes: Any = ("attention_heads", "mixer_heads", "mlp"))
             if norm is None and not post:
                 raise Unavailable("circuits", f"layer {index}'s {kind} reads the residual through no input norm nnterp knows")
             embed_at = embed_at or (kind, norm)
+            prefix = "mlp" if kind == "mlp" else "attn"
+            if carry:
+                reads[{"attention": f"a{index}", "mixer": f"m{index}", "mlp": f"mlp{index}"}[kind]] = len(carry_norms)
+                carry_norms.append((index, norm, float(getattr(layer._module, f"{prefix}_alpha_factor"))))
             wanted = {"attention": ("attention_heads", "attention"), "mixer": ("mixer_heads", "mixers"), "mlp": ("mlp",)}[kind]
             if not any(kind_ in nodes for kind_ in wanted):
                 continue
@@ -236,17 +272,26 @@ def node_map(model: Any, nodes: Any = ("attention_heads", "mixer_heads", "mlp"))
             name = {"attention": f"a{index}", "mixer": f"m{index}", "mlp": f"mlp{index}"}[kind]
             names = tuple(f"{name}.h{h}" for h in range(heads)) if heads > 1 else (name,)
             post_norm = (POST_NORMS[1] if kind == "mlp" else POST_NORMS[0]) if post else None
-            upstream[name] = len(sources)
             layers.update(dict.fromkeys((name, *names), index))
-            destinations.append(name)
+            if norm is None or norm not in owner:
+                owner[norm] = name
+                upstream[name] = len(sources)
+                destinations.append(name)
             sources.extend(names)
-            parts.append(Part(index, kind, name, norm, projection, len(names), post_norm, names))
+            # MiniMax's beta factors; falcon_h1's output multipliers.
+            beta = getattr(layer._module, f"{prefix}_beta_factor", None)
+            beta = float(getattr(layer._module, OUT_MULTIPLIERS.get(kind, ""), 1.0) if beta is None else beta)
+            if carry:
+                carries.update(dict.fromkeys(names, len(carry_norms)))
+            parts.append(Part(index, kind, name, norm, projection, len(names), post_norm, names, beta))
+    if carry_norms:
+        carries["embed"], reads["logits"] = 0, len(carry_norms)
     destinations.append("logits")
     upstream["logits"] = len(sources)
     scale = float(getattr(model.config, "residual_multiplier", 1.0) or 1.0)
     # RWKV-4 in eval halves the residual after every `rescale_every`-th block (its weights are rescaled to match).
     halve = int(getattr(model.config, "rescale_every", 0) or 0) if model.family.NAME == "rwkv" and not model._model.training else 0
-    return NodeMap(parts, sources, destinations, upstream, scale, embed_at, layers, halve)
+    return NodeMap(parts, sources, destinations, upstream, scale, embed_at, layers, halve, carries, carry_norms, reads)
 
 
 def support(model: Any) -> dict:

@@ -12,6 +12,9 @@ One edge patched: nothing upstream of ``v`` changed, so ``u_now`` is ``u``'s cle
 input is the clean input plus ``u``'s corrupt − clean difference. Every edge patched: every destination
 reads the corrupt residual (the sum of the corrupt outputs, plus the biases every run shares), which is the
 corrupt forward. Only the part ``v`` reads the edited value: the residual the later parts read is unchanged.
+On MiniMax, whose block norm's output is also the stream carried on, ``u_corrupt`` and ``u_now`` are what ``u``
+adds to ``v``'s input in each run (`NodeMap.carried`, the norm factors of that run), and the part alone reads
+the norm of the edited input.
 
 Outputs are ``[batch, seq, sources, hidden]`` in the node map's source order, float32.
 """
@@ -41,11 +44,31 @@ class NodeRun:
         grads: ``{destination: [batch, seq, hidden]}``, the metric's gradient by the destination's input (with ``grad=True``).
         terms: ``{part: [batch, seq, seq, heads, hidden]}``, each head's term of target ``t``, source ``s``
             (with ``positional=True``; `nnterp.circuits.positional`).
+        factors: ``[batch, seq, norms, hidden]``, the factor of each norm the carried stream passes (MiniMax:
+            `NodeMap.carries`), or ``None``.
+        mean: the run stands for its mean over the batch (a mean ablation's donor).
     """
 
-    def __init__(self, outputs: torch.Tensor, logits: torch.Tensor, values: Any, grads: dict, terms: dict | None = None) -> None:
+    def __init__(
+        self, outputs: torch.Tensor, logits: Any, values: Any, grads: dict, terms: dict | None = None, factors: Any = None, mean: bool = False
+    ) -> None:
         self.outputs, self.logits, self.values, self.grads = outputs, logits, values, grads
-        self.terms = terms or {}
+        self.terms, self.factors, self.mean = terms or {}, factors, mean
+
+    def at(self, nodes: NodeMap, destination: str) -> torch.Tensor:
+        """``[batch or 1, seq, upstream, hidden]``: what each source adds to ``destination``'s input in this run
+        (`NodeMap.carried`); its mean over the batch where the run stands for a mean ablation."""
+        carried = nodes.carried(self.outputs, self.factors, destination)
+        return carried.mean(0, keepdim=True) if self.mean else carried
+
+    def terms_at(self, nodes: NodeMap, part: str, destination: str) -> torch.Tensor:
+        """``[batch or 1, seq, seq, heads, hidden]``: ``part``'s per-source terms as they reach ``destination``."""
+        carried = self.terms[part] * nodes.carry(self.factors, part, destination)
+        return carried.mean(0, keepdim=True) if self.mean else carried
+
+    def averaged(self) -> NodeRun:
+        """This run standing for its mean over the batch (``ablation="mean"``)."""
+        return NodeRun(self.outputs, None, None, {}, self.terms, self.factors, mean=True)
 
 
 def prompt_ids(model: Any, prompts: Any, what: str) -> torch.Tensor:
@@ -85,6 +108,22 @@ def _reader(block: Any, kind: str, norm: str | None) -> Any:
     return block._child_map[norm] if norm is not None else _PARTS[kind](block)
 
 
+def _norm_factor(norm: Any, alpha: float) -> torch.Tensor:
+    """``[batch, seq, 1, hidden]``: ``alpha · norm(x) / x`` of this run, elementwise, so the stream's terms scaled
+    by it sum to ``alpha · norm(x)``, the stream the block carries on."""
+    before = norm.input
+    safe = torch.where(before == 0, torch.ones_like(before), before)
+    factor = torch.where(before == 0, torch.zeros_like(before), norm.output / safe)
+    return (alpha * factor).detach().float().unsqueeze(2)
+
+
+def _rms(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """MiniMax's RMSNorm of ``x`` (``weight · x / rms(x)``, in float32), applied outside the module so that the
+    module's own output, the carried stream, stays as the run computed it."""
+    x32 = x.float()
+    return norm.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon))
+
+
 def _unwrap(value: Any) -> torch.Tensor:
     return value[0] if isinstance(value, tuple) else value
 
@@ -113,9 +152,10 @@ def trace_nodes(
     then a `NodeRun` with terms.
     """
     masks, positional_masks = patch or {}, patch_terms or {}
-    donor_terms = getattr(corrupt, "terms", {})
-    if isinstance(corrupt, NodeRun):
-        corrupt = corrupt.outputs
+    if isinstance(corrupt, torch.Tensor):
+        if nodes.reads:
+            raise InvalidArgument("trace_nodes: on a model that carries the normalized stream (MiniMax), pass the corrupt NodeRun (its norm factors), not its outputs")
+        corrupt = NodeRun(corrupt, None, None, {})
     if (masks or positional_masks) and corrupt is None:
         raise InvalidArgument("trace_nodes: a patch needs the corrupt outputs")
     run = dict(run_kwargs(model), **(model.family.BACKWARD_KWARGS if grad else {}))
@@ -123,6 +163,7 @@ def trace_nodes(
     terms: dict = {}
     leaves: dict = {}
     saved: dict = {}
+    factors: list = []  # [batch, seq, 1, hidden] per carry norm read (`NodeMap.carries`)
     context = torch.enable_grad() if grad else torch.no_grad()
     with context, model.trace(ids, **run):
         if embeddings is not None:
@@ -133,27 +174,43 @@ def trace_nodes(
         # The embeddings as the first part reads them: its norm's (or its own) input, before any edit.
         found.append(_reader(model.layers[0], *nodes.embed_at).input.detach().float().unsqueeze(2))
 
-        def read(v: str, envoy: Any) -> None:
+        def carried_norms(stop: int) -> Any:
+            # The carry norms up to ``stop`` no selected part reads (their parts are in no edge), each read once.
+            while len(factors) < stop:
+                layer, norm, alpha = nodes.carry_norms[len(factors)]
+                factors.append(_norm_factor(model.layers[layer]._child_map[norm], alpha))
+            return torch.cat(factors, 2) if factors else None
+
+        def read(v: str, envoy: Any, carried: Any = None) -> None:
+            now_factors = carried_norms(nodes.reads[v]) if nodes.reads else None
             x = envoy.input
             edited = x
             if v in masks:
-                count = nodes.upstream[v]
-                now = torch.cat(found, 2)[:, :, :count]
+                now = nodes.carried(torch.cat(found, 2), now_factors, v)
                 weight = masks[v].to(x.device)
-                edited = edited + torch.einsum("btnd,n->btd", corrupt[:, :, :count].to(x.device) - now, weight).to(x.dtype)
+                edited = edited + torch.einsum("btnd,n->btd", corrupt.at(nodes, v).to(x.device) - now, weight).to(x.dtype)
             for name, weight in positional_masks.get(v, {}).items():
-                difference = donor_terms[name].to(x.device) - terms[name]
+                difference = corrupt.terms_at(nodes, name, v).to(x.device) - terms[name] * nodes.carry(now_factors, name, v)
                 edited = edited + torch.einsum("btshd,sh->btd", difference, weight.to(x.device)).to(x.dtype)
             if grad:
                 leaf = torch.zeros_like(x, requires_grad=True)
                 leaves[v] = leaf
                 edited = edited + leaf
-            if edited is not x:
+            if carried is not None:
+                # The norm's output is the stream carried on: the part alone reads the norm of the edited input.
+                norm, alpha = envoy, carried
+                factors.append(_norm_factor(norm, alpha))
+                if edited is not x:
+                    target.input = _rms(norm._module, edited).to(x.dtype)
+            elif edited is not x:
                 envoy.input = edited
 
         for part in nodes.parts:
             block = model.layers[part.layer]
-            read(part.name, _reader(block, part.kind, part.norm))
+            target = _PARTS[part.kind](block)
+            alpha = nodes.carry_norms[nodes.reads[part.name]][2] if nodes.reads else None
+            if part.name in nodes.upstream:  # falcon_h1's attention reads its mixer's destination
+                read(part.name, _reader(block, part.kind, part.norm), alpha)
             envoy = _PARTS[part.kind](block)
             if part.kind == "mlp":
                 out = _unwrap(envoy.output).unsqueeze(2)
@@ -166,7 +223,7 @@ def trace_nodes(
                 out = _head_shares(projection._module, projected, part.heads)
                 if core is not None:
                     weight = projection._module.weight
-                    terms[part.name] = head_terms(*core, projected, weight, part.heads) * nodes.scale
+                    terms[part.name] = head_terms(*core, projected, weight, part.heads) * (nodes.scale * part.beta)
                 if part.post_norm is not None:
                     post = block._child_map[part.post_norm]
                     before, after = post.input, post.output
@@ -176,7 +233,7 @@ def trace_nodes(
                     out = out * factor.unsqueeze(2)
                     if core is not None:
                         terms[part.name] = terms[part.name] * factor[:, :, None, None]
-            found.append((out * nodes.scale).detach().float())
+            found.append((out * (nodes.scale * part.beta)).detach().float())
         read("logits", model.ln_final)
         logits = model.logits
         saved["logits"] = logits.detach().float().save()
@@ -190,8 +247,9 @@ def trace_nodes(
                 values.sum().backward(inputs=list(leaves.values()))
         saved["outputs"] = torch.cat(found, 2).save()
         saved["terms"] = {name: value.detach() for name, value in terms.items()}
+        saved["factors"] = torch.cat(factors, 2).detach().save() if factors else None
     grads = {v: leaf.grad.float() for v, leaf in leaves.items()} if grad else {}
-    return NodeRun(saved["outputs"], saved["logits"], saved.get("values"), grads, saved["terms"])
+    return NodeRun(saved["outputs"], saved["logits"], saved.get("values"), grads, saved["terms"], saved["factors"])
 
 
 def patch_edges(
@@ -222,5 +280,5 @@ def patch_edges(
         whole, terms = graph.weights(edges), {}
     donor = trace_nodes(model, graph, corrupt_ids, positional=positional)
     if ablation == "mean":
-        donor = NodeRun(donor.outputs.mean(0, keepdim=True), None, None, {}, {k: v.mean(0, keepdim=True) for k, v in donor.terms.items()})
+        donor = donor.averaged()
     return trace_nodes(model, graph, clean_ids, patch=whole, patch_terms=terms, corrupt=donor, positional=positional).logits

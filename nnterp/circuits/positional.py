@@ -14,7 +14,7 @@ edges of a head sum to its edge. ``f = z / o`` elementwise (0 where ``o`` is 0).
 
 Served on attention heads (eager, a ``v_proj``) and on the recurrent kinds whose effective attention reproduces
 the kernel's output on a prompt exactly, ``Σ_s A[t, s] v_s``: the gated DeltaNet and Kimi's delta attention,
-Mamba-2 (its skip ``D x_t`` on the diagonal, the term of ``s = t``), the mLSTM (given each token's normalizer),
+lightning attention (its RMS norm over all heads and its gate in ``f``), Mamba-2 (its skip ``D x_t`` on the diagonal, the term of ``s = t``), the mLSTM (given each token's normalizer),
 and, with a pattern per channel summed into their one node, Mamba-1 (skip and gate included), RWKV-4 and the
 RG-LRU. The short convolution raises `Unavailable`: its kernel's output has a part of no source position.
 """
@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ..components.gated_deltanet import LinearAttention
+from ..components.lightning_attention import LightningAttention
 from ..components.mlstm import MLSTM
 from ..components.rg_lru import RGLRU
 from ..components.selective_scan import SelectiveScan
@@ -36,7 +37,7 @@ from ..core.errors import Unavailable
 __all__ = ["positional_reason", "check_positional", "read_core", "head_terms", "EXACT"]
 
 #: The mixers whose kernel output on a prompt is exactly ``Σ_s A[t, s] v_s`` (the skip ``D`` on the diagonal).
-EXACT = (LinearAttention, StateSpace, SelectiveScan, MLSTM, RGLRU, WKV)
+EXACT = (LinearAttention, LightningAttention, StateSpace, SelectiveScan, MLSTM, RGLRU, WKV)
 
 
 def positional_reason(part: Any, envoy: Any) -> str | None:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from nnterp.components.lightning_attention import LightningAttention
 from nnterp.families import families
 
 #: The plain transformer every family descends from (llama).
 PLAIN = families()[0].NAME
-#: One family per recurrent mixer kind, the first the registry lists; lightning attention's only family (minimax)
-#: carries a normalized stream, not a residual (`nnterp.circuits.nodes`), so it has none.
-BY_KIND = {family.MIXER: family.NAME for family in reversed(families()) if family.MIXER not in (None, LightningAttention)}
+#: One family per recurrent mixer kind, the first the registry lists.
+BY_KIND = {family.MIXER: family.NAME for family in reversed(families()) if family.MIXER is not None}
 #: Families whose parts read no plain residual, and a word of the reason `circuits.support` gives.
-UNSERVED = [("zamba2", "concatenation"), ("falcon_h1", "parallel"), ("minimax", "normalized stream")]
+UNSERVED = [("zamba2", "concatenation")]
 #: Every family `nnterp.circuits` serves.
 SERVED = [family.NAME for family in families() if family.NAME not in {name for name, _ in UNSERVED}]

@@ -11,6 +11,7 @@ import torch
 
 from nnterp import circuits
 from nnterp.components.gated_deltanet import LinearAttention
+from nnterp.components.lightning_attention import LightningAttention
 from nnterp.components.short_convolution import ShortConvolution
 from nnterp.components.state_space import StateSpace
 from nnterp.components.wkv import WKV
@@ -29,7 +30,7 @@ def _task(seed: int = 0):
     return clean, corrupt, circuits.logit_difference(good, bad)
 
 
-@pytest.mark.parametrize("model_type", [PLAIN, *(BY_KIND[kind] for kind in (LinearAttention, StateSpace, WKV, ShortConvolution))])
+@pytest.mark.parametrize("model_type", [PLAIN, *(BY_KIND[kind] for kind in (LinearAttention, LightningAttention, StateSpace, WKV, ShortConvolution))])
 def test_the_full_graph_recovers_one_and_the_empty_circuit_zero(model_type, load, plains):
     model, plain = load(model_type), plains(model_type)
     clean, corrupt, metric = _task()
@@ -52,8 +53,9 @@ def test_the_full_graph_recovers_one_and_the_empty_circuit_zero(model_type, load
     assert curve.recovered[0] == pytest.approx(0.0, abs=1e-5) and curve.recovered[-1] == pytest.approx(1.0, abs=1e-6)
 
 
-def test_a_mean_over_copies_of_one_corrupt_prompt_is_that_prompts_ablation(load):
-    model = load("qwen3_5_text")
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", BY_KIND[LightningAttention]])
+def test_a_mean_over_copies_of_one_corrupt_prompt_is_that_prompts_ablation(model_type, load):
+    model = load(model_type)
     clean, corrupt, metric = _task(1)
     same = corrupt[:1].expand(N, SEQ)
     graph = circuits.edge_attribution(model, clean, same, metric, progress=False)

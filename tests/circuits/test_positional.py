@@ -15,6 +15,7 @@ from nnterp import Unavailable, circuits
 from nnterp.circuits.positional import EXACT
 from nnterp.components.gated_deltanet import LinearAttention
 from nnterp.components.kimi_delta_attention import KimiDeltaAttention
+from nnterp.components.lightning_attention import LightningAttention
 from nnterp.components.mlstm import MLSTM
 from nnterp.components.rg_lru import RGLRU
 from nnterp.components.selective_scan import SelectiveScan
@@ -27,7 +28,7 @@ from .kinds import BY_KIND, PLAIN
 
 #: Attention (plain, and in the hybrids) and every recurrent kind with a positional split; Kimi's attention layers
 #: are multi-head latent attention, with no v_proj: left out of its graph.
-FAMILIES = [PLAIN, *(BY_KIND[kind] for kind in EXACT)]
+FAMILIES = [PLAIN, *(BY_KIND[kind] for kind in EXACT), "falcon_h1"]  # falcon_h1: two parts read one destination
 NODES = {BY_KIND[KimiDeltaAttention]: ("mixer_heads", "mlp")}
 N, SEQ = 2, 7
 
@@ -147,7 +148,7 @@ def test_patch_edges_takes_positional_edges_as_the_plain_term_test_does(eager_mo
 #: mixer module: the gated norm's input, or the output projection's (Mamba-1: skip and gate applied; RWKV-4: times
 #: sigmoid(receptance)), or the RG-LRU module's output.
 KERNEL_OUTPUT = {
-    LinearAttention: "norm", KimiDeltaAttention: "o_norm", StateSpace: "norm", SelectiveScan: "out_proj",
+    LinearAttention: "norm", LightningAttention: "norm", KimiDeltaAttention: "o_norm", StateSpace: "norm", SelectiveScan: "out_proj",
     MLSTM: "multihead_norm", RGLRU: "rg_lru", WKV: "output",
 }
 
