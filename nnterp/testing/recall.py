@@ -26,6 +26,7 @@ Samples are batched by length (same pair count), so no row is padded.
 from __future__ import annotations
 
 import copy
+import inspect
 import random
 from collections import defaultdict
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from typing import Any
 
 import torch
 
+from nnterp.chunked_prefill import cache_keyword
 from nnterp.sweep import per_token_states
 from nnterp.testing.tasks import VALUES, Sample
 
@@ -106,9 +108,10 @@ def _swap_on_decode(model, ids, donor_ids, T, state, window):
         for mix in mixes:  # within a layer the kernel returns (state) before the block does (window)
             donor_states.append(mix.state_output.save())
             donor_windows.append(mix.conv_state_output.save())
+    keyword = cache_keyword(inspect.signature(model._module.forward).parameters, model.family.CACHE_ARGUMENT)
     with torch.no_grad(), model.trace(ids[:, :T + 1]):
-        cache = model.output.past_key_values.save()
-    with torch.no_grad(), model.trace(ids[:, T + 1:], past_key_values=copy.deepcopy(cache)):
+        cache = getattr(model.output, keyword).save()
+    with torch.no_grad(), model.trace(ids[:, T + 1:], **{keyword: copy.deepcopy(cache)}):
         for mix, s, win in zip(mixes, donor_states, donor_windows):
             if window:
                 mix.conv_state_input = win  # the convolution runs before the kernel
