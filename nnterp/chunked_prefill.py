@@ -56,6 +56,10 @@ class ChunkedPrefill:
         self.attends = len(self.recurrent) < len(model.layers) or bool(self.softmax)
         self.argument = cache_keyword(parameters, family.CACHE_ARGUMENT)
         self.writes_state, self.writes_window = bool(family.CHUNK_STATE_INPUT), bool(family.CHUNK_WINDOW_INPUT)
+        config = model._module.config
+        # transformers' mask function for the softmax layers (CHUNK_MASK), and the keyword it takes the cache by
+        self.mask = create_causal_mask if getattr(config, "sliding_window", None) is None else create_sliding_window_causal_mask
+        self.mask_argument = cache_keyword(inspect.signature(self.mask).parameters, "past_key_values")
 
     def first(self) -> Carry:
         """What the first chunk starts from: the family's first cache (usually none), nothing written."""
@@ -82,11 +86,9 @@ class ChunkedPrefill:
         if cache is None or not self.model.family.CHUNK_MASK:
             return {}
         config = self.model._module.config
-        create = create_causal_mask if getattr(config, "sliding_window", None) is None else create_sliding_window_causal_mask
         embeds = torch.empty(1, end - start, config.hidden_size, dtype=self.model._module.dtype)  # its shape and dtype
-        keyword = cache_keyword(inspect.signature(create).parameters, "past_key_values")
-        common = {"config": config, "inputs_embeds": embeds, "attention_mask": torch.ones(1, end, dtype=torch.long), keyword: cache}
-        return {layer: create(**common, position_ids=torch.arange(start, end)[None], layer_idx=layer) for layer in self.softmax}
+        common = {"config": config, "inputs_embeds": embeds, "attention_mask": torch.ones(1, end, dtype=torch.long), self.mask_argument: cache}
+        return {layer: self.mask(**common, position_ids=torch.arange(start, end)[None], layer_idx=layer) for layer in self.softmax}
 
     def layers(self, masks: dict) -> Any:
         """Inside a trace: the recurrent layers in the order the model runs, each softmax layer's mask in ``masks``
