@@ -30,11 +30,12 @@ from typing import Any
 
 import torch
 
-from ..core.errors import InvalidArgument, ShapeError, Unavailable, WrongType
+from ..core.errors import InvalidArgument, Unavailable, WrongType
 from ..recurrent.no_cache import run_kwargs
 from .graph import EdgeGraph
 from .nodes import node_map
-from .patching import prompt_ids, trace_nodes
+from .pairs import group_pairs, one_length
+from .patching import trace_nodes
 from .positional import check_positional
 
 __all__ = ["edge_attribution", "logit_difference"]
@@ -62,7 +63,7 @@ def _per_row(ids: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
 METHODS = ("eap", "eap-ig", "eap-ig-activations")
 
 
-def _check(model: Any, clean: torch.Tensor, corrupt: torch.Tensor, metric: Any, method: str, steps: int, batch_size: Any) -> None:
+def _check(model: Any, metric: Any, method: str, steps: int, batch_size: Any) -> None:
     if torch.is_inference_mode_enabled():
         raise Unavailable("edge_attribution", "it takes the metric's gradient, which torch.inference_mode() disables: call it outside that block")
     if not callable(metric):
@@ -73,8 +74,6 @@ def _check(model: Any, clean: torch.Tensor, corrupt: torch.Tensor, metric: Any, 
         raise InvalidArgument(f"steps is a positive int, got {steps!r}")
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise InvalidArgument(f"batch_size is a positive int or None, got {batch_size!r}")
-    if clean.shape != corrupt.shape:
-        raise ShapeError(f"clean {tuple(clean.shape)} and corrupt {tuple(corrupt.shape)} must be pairs of prompts of one length")
 
 
 def _embeddings(model: Any, ids: torch.Tensor) -> torch.Tensor:
@@ -113,7 +112,8 @@ def edge_attribution(
 
     Args:
         model: a `StandardizedTransformer` (see ``nnterp.circuits.support(model)`` for the node kinds it has).
-        clean, corrupt: prompt pairs, as two lists of prompts of one length (or ids ``[pairs, seq]``).
+        clean, corrupt: prompt pairs (`nnterp.circuits.pairs`): two lists of prompts or token ids, pair ``i`` of one
+            length, pairs of any lengths (each length runs as its own batches; ``positional=True``: one length).
         metric: ``metric(logits, pairs) -> [batch]`` (module docstring; `logit_difference`).
         nodes: the node kinds of the graph (`nnterp.circuits.nodes.NODE_KINDS`); a kind not listed is in no edge.
         positional: split every edge out of a head by source position (`nnterp.circuits.positional`): its edges
@@ -130,19 +130,17 @@ def edge_attribution(
         check_positional(model, graph)
         if method == "eap-ig-activations":
             raise InvalidArgument("method='eap-ig-activations' scores whole edges: use 'eap' or 'eap-ig' with positional=True")
-    clean_ids, corrupt_ids = prompt_ids(model, clean, "clean"), prompt_ids(model, corrupt, "corrupt")
-    _check(model, clean_ids, corrupt_ids, metric, method, steps, batch_size)
+    _check(model, metric, method, steps, batch_size)
+    groups = group_pairs(model, clean, corrupt)
+    seq = one_length(groups, "positional=True") if positional else None
     from tqdm.auto import tqdm
 
-    sources, (count, seq) = len(graph.sources), clean_ids.shape
+    sources, count = len(graph.sources), sum(len(group.pairs) for group in groups)
     total = torch.zeros(sources, len(graph.destinations))
     by_position: dict = {}  # {(part, destination): [seq, heads]}
     clean_total = corrupt_total = 0.0
-    step = batch_size or count
-    batches = list(range(0, count, step))
-    for start in tqdm(batches, desc="edge_attribution", unit="batch", disable=not progress, leave=False):
-        pairs = torch.arange(start, min(start + step, count))
-        ids, donor_ids = clean_ids[pairs], corrupt_ids[pairs]
+    batches = [batch for group in groups for batch in group.batches(batch_size)]
+    for pairs, ids, donor_ids in tqdm(batches, desc="edge_attribution", unit="batch", disable=not progress, leave=False):
         donor = trace_nodes(model, graph, donor_ids, metric=metric, pairs=pairs, positional=positional)
         corrupt_total += float(donor.values.sum())
         if method == "eap" and not positional:
@@ -179,6 +177,4 @@ def edge_attribution(
         else:
             value = float(total[index[u], graph.destinations.index(v)])
         scores.append(value * graph.factor(u, v) / count)
-    return EdgeGraph(
-        graph, torch.tensor(scores), method=method, clean=clean_total / count, corrupt=corrupt_total / count, seq=seq if positional else None
-    )
+    return EdgeGraph(graph, torch.tensor(scores), method=method, clean=clean_total / count, corrupt=corrupt_total / count, seq=seq)

@@ -22,7 +22,8 @@ import torch
 
 from ..core.errors import InvalidArgument, ShapeError
 from .graph import Circuit, EdgeGraph
-from .patching import NodeRun, prompt_ids, trace_nodes
+from .pairs import group_pairs, one_length
+from .patching import NodeRun, trace_nodes
 from .plot import plot_curve
 
 __all__ = ["Faithfulness", "FaithfulnessCurve", "faithfulness", "faithfulness_curve"]
@@ -58,44 +59,41 @@ class FaithfulnessCurve:
         return plot_curve(self, ax=ax)
 
 
-def _pairs(model: Any, clean: Any, corrupt: Any, ablation: str) -> tuple:
-    if ablation not in ("corrupt", "mean"):
-        raise InvalidArgument(f"ablation is 'corrupt' or 'mean', got {ablation!r}")
-    clean_ids, corrupt_ids = prompt_ids(model, clean, "clean"), prompt_ids(model, corrupt, "corrupt")
-    if clean_ids.shape[1] != corrupt_ids.shape[1] or (ablation == "corrupt" and clean_ids.shape[0] != corrupt_ids.shape[0]):
-        raise ShapeError(f"clean {tuple(clean_ids.shape)} and corrupt {tuple(corrupt_ids.shape)} must be pairs of prompts of one length")
-    return clean_ids, corrupt_ids
+def _groups(model: Any, clean: Any, corrupt: Any, ablation: str, seq: int | None) -> list:
+    groups = group_pairs(model, clean, corrupt, ablation)
+    if seq is not None and one_length(groups, "a positional circuit") != seq:
+        raise ShapeError(f"the circuit's positional edges are of prompts {seq} tokens long, these are {groups[0].seq}: pass prompts of {seq} tokens")
+    return groups
 
 
 def _metric_of(
-    model: Any, nodes: Any, clean_ids: torch.Tensor, corrupt_ids: torch.Tensor, metric: Callable, circuits: list, ablation: str,
-    batch_size: Any, progress: bool = False,
+    model: Any, nodes: Any, groups: list, metric: Callable, circuits: list, ablation: str, batch_size: Any, progress: bool = False
 ) -> tuple:
-    """``(m(clean), [m(each circuit's complement patched)])``, each averaged over the pairs; a tqdm bar over the runs."""
+    """``(m(clean), [m(each circuit's complement patched)])``, each averaged over the pairs of every length (each
+    length its own batches, its own mean donor); a tqdm bar over the runs."""
     from tqdm.auto import tqdm
 
-    count = clean_ids.shape[0]
-    step = batch_size or count
-    mean, positional = None, circuits[0].seq is not None
-    if ablation == "mean":
-        runs = [trace_nodes(model, nodes, corrupt_ids[start : start + step], positional=positional) for start in range(0, corrupt_ids.shape[0], step)]
-        terms = {name: torch.cat([run.terms[name] for run in runs]) for name in runs[0].terms}
-        factors = torch.cat([run.factors for run in runs]) if runs[0].factors is not None else None
-        mean = NodeRun(torch.cat([run.outputs for run in runs]), None, None, {}, terms, factors, mean=True)
+    count = sum(len(group.pairs) for group in groups)
+    positional = circuits[0].seq is not None
     patches = [circuit.patches(circuit.complement()) for circuit in circuits]
     clean_total, totals = 0.0, [0.0] * len(circuits)
-    bar = tqdm(total=len(range(0, count, step)) * len(circuits), desc="faithfulness", disable=not progress, leave=False)
-    for start in range(0, count, step):
-        pairs = torch.arange(start, min(start + step, count))
-        base = trace_nodes(model, nodes, clean_ids[pairs], metric=metric, pairs=pairs, positional=positional)
+    batches = [(group, batch) for group in groups for batch in group.batches(batch_size)]
+    bar = tqdm(total=len(batches) * len(circuits), desc="faithfulness", disable=not progress, leave=False)
+    mean, meant = None, None
+    for group, (pairs, ids, donor_ids) in batches:
+        if ablation == "mean" and meant is not group:
+            step = batch_size or group.corrupt.shape[0]
+            runs = [trace_nodes(model, nodes, group.corrupt[start : start + step], positional=positional) for start in range(0, group.corrupt.shape[0], step)]
+            terms = {name: torch.cat([run.terms[name] for run in runs]) for name in runs[0].terms}
+            factors = torch.cat([run.factors for run in runs]) if runs[0].factors is not None else None
+            mean, meant = NodeRun(torch.cat([run.outputs for run in runs]), None, None, {}, terms, factors, mean=True), group
+        base = trace_nodes(model, nodes, ids, metric=metric, pairs=pairs, positional=positional)
         clean_total += float(base.values.sum())
-        donor = mean if mean is not None else trace_nodes(model, nodes, corrupt_ids[pairs], positional=positional)
+        donor = mean if mean is not None else trace_nodes(model, nodes, donor_ids, positional=positional)
         for i, (whole, terms) in enumerate(patches):
             run = base
             if whole or terms:
-                run = trace_nodes(
-                    model, nodes, clean_ids[pairs], patch=whole, patch_terms=terms, corrupt=donor, metric=metric, pairs=pairs, positional=positional
-                )
+                run = trace_nodes(model, nodes, ids, patch=whole, patch_terms=terms, corrupt=donor, metric=metric, pairs=pairs, positional=positional)
             totals[i] += float(run.values.sum())
             bar.update(1)
     bar.close()
@@ -109,9 +107,9 @@ def faithfulness(
     `nnterp.circuits.edge_attribution` takes it, and the prompts as there."""
     if not isinstance(circuit, Circuit):
         raise InvalidArgument(f"faithfulness takes a Circuit (graph.circuit(fraction)), got {type(circuit).__name__}")
-    clean_ids, corrupt_ids = _pairs(model, clean, corrupt, ablation)
+    groups = _groups(model, clean, corrupt, ablation, circuit.seq)
     empty = Circuit(circuit.nodes, [], circuit.seq)
-    clean_value, (inside, outside) = _metric_of(model, circuit.nodes, clean_ids, corrupt_ids, metric, [circuit, empty], ablation, batch_size)
+    clean_value, (inside, outside) = _metric_of(model, circuit.nodes, groups, metric, [circuit, empty], ablation, batch_size)
     return Faithfulness(clean_value, outside, inside, len(circuit))
 
 
@@ -128,8 +126,8 @@ def faithfulness_curve(
 ) -> FaithfulnessCurve:
     """`faithfulness` of ``graph.circuit(fraction)`` for each of ``fractions`` (one clean, one corrupt and one
     patched run per circuit and batch), with a tqdm bar over the circuits."""
-    clean_ids, corrupt_ids = _pairs(model, clean, corrupt, ablation)
+    groups = _groups(model, clean, corrupt, ablation, graph.seq)
     circuits = [graph.circuit(fraction=f) for f in fractions] + [Circuit(graph.nodes, [], graph.seq)]
-    clean_value, values = _metric_of(model, graph.nodes, clean_ids, corrupt_ids, metric, circuits, ablation, batch_size, progress)
+    clean_value, values = _metric_of(model, graph.nodes, groups, metric, circuits, ablation, batch_size, progress)
     recovered = [Faithfulness(clean_value, values[-1], value, len(c)).recovered for c, value in zip(circuits[:-1], values)]
     return FaithfulnessCurve([len(c) for c in circuits[:-1]], list(fractions), recovered, len(graph.edges))

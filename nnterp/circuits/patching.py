@@ -21,17 +21,18 @@ Outputs are ``[batch, seq, sources, hidden]`` in the node map's source order, fl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ..core.errors import InvalidArgument, ShapeError, WrongType
+from ..core.errors import InvalidArgument, ShapeError
 from ..recurrent.no_cache import run_kwargs
 from .nodes import NodeMap, node_map
+from .pairs import group_pairs, one_length
 from .positional import check_positional, head_terms, read_core
 
-__all__ = ["patch_edges", "trace_nodes", "prompt_ids", "NodeRun"]
+__all__ = ["patch_edges", "trace_nodes", "NodeRun"]
 
 
 class NodeRun:
@@ -69,24 +70,6 @@ class NodeRun:
     def averaged(self) -> NodeRun:
         """This run standing for its mean over the batch (``ablation="mean"``)."""
         return NodeRun(self.outputs, None, None, {}, self.terms, self.factors, mean=True)
-
-
-def prompt_ids(model: Any, prompts: Any, what: str) -> torch.Tensor:
-    """Token ids ``[n, seq]`` of a prompt, a list of prompts of one length, or ids ``[n, seq]`` / ``[seq]``."""
-    if isinstance(prompts, torch.Tensor):
-        ids = prompts.unsqueeze(0) if prompts.dim() == 1 else prompts
-        if ids.dim() != 2 or ids.is_floating_point():
-            raise ShapeError(f"{what}: token ids are an integer tensor [n, seq], got {tuple(prompts.shape)} {prompts.dtype}")
-        return ids
-    if isinstance(prompts, str):
-        prompts = [prompts]
-    if not isinstance(prompts, Sequence) or not all(isinstance(p, str) for p in prompts):
-        raise WrongType(f"{what}: a prompt, a list of prompts or ids [n, seq], got {type(prompts).__name__}")
-    rows = [model.tokenizer(p).input_ids for p in prompts]
-    lengths = sorted({len(row) for row in rows})
-    if len(lengths) != 1:
-        raise ShapeError(f"{what}: the prompts are {lengths} tokens long; every prompt of a run must be as long as the others (pad them, or run lengths apart)")
-    return torch.tensor(rows)
 
 
 def _head_shares(projection: Any, value: torch.Tensor, heads: int) -> torch.Tensor:
@@ -259,26 +242,32 @@ def patch_edges(
     edges: Any,
     nodes: Any = ("attention_heads", "mixer_heads", "mlp"),
     ablation: str = "corrupt",
-) -> torch.Tensor:
+) -> Any:
     """The clean prompts' logits ``[n, seq, vocab]`` (float32) with ``edges`` (``[(source, destination), ...]``;
     ``(source, destination, s)`` for a head's positional edge, `nnterp.circuits.positional`) patched to their
     corrupt value (``ablation="corrupt"``: each pair's corrupt prompt; ``"mean"``: the mean over the corrupt
-    prompts, per position). ``clean`` and ``corrupt``: prompts of one length, or ids ``[n, seq]``.
+    prompts of the clean prompt's length, per position).
+
+    ``clean`` and ``corrupt``: prompt pairs as `nnterp.circuits.pairs` takes them; the two prompts of a pair have
+    one length, and pairs of different lengths run as one batch per length, so the logits are then a list, one
+    ``[seq_i, vocab]`` per clean prompt, in order. Positional edges take prompts of one length.
     """
     graph = nodes if isinstance(nodes, NodeMap) else node_map(model, nodes)
-    clean_ids, corrupt_ids = prompt_ids(model, clean, "clean"), prompt_ids(model, corrupt, "corrupt")
-    if ablation not in ("corrupt", "mean"):
-        raise InvalidArgument(f"ablation is 'corrupt' or 'mean', got {ablation!r}")
-    if clean_ids.shape[1] != corrupt_ids.shape[1] or (ablation == "corrupt" and clean_ids.shape[0] != corrupt_ids.shape[0]):
-        raise ShapeError(f"clean {tuple(clean_ids.shape)} and corrupt {tuple(corrupt_ids.shape)} must be pairs of one length")
+    groups = group_pairs(model, clean, corrupt, ablation)
     edges = [tuple(edge) for edge in edges]
     positional = any(len(edge) == 3 for edge in edges)
     if positional:
         check_positional(model, graph)
-        whole, terms = graph.positional_weights([edge if len(edge) == 3 else (*edge, None) for edge in edges], clean_ids.shape[1])
+        seq = one_length(groups, "a positional edge (source, destination, s)")
+        whole, terms = graph.positional_weights([edge if len(edge) == 3 else (*edge, None) for edge in edges], seq)
     else:
         whole, terms = graph.weights(edges), {}
-    donor = trace_nodes(model, graph, corrupt_ids, positional=positional)
-    if ablation == "mean":
-        donor = donor.averaged()
-    return trace_nodes(model, graph, clean_ids, patch=whole, patch_terms=terms, corrupt=donor, positional=positional).logits
+    rows: list = [None] * sum(len(group.pairs) for group in groups)
+    for group in groups:
+        donor = trace_nodes(model, graph, group.corrupt, positional=positional)
+        if ablation == "mean":
+            donor = donor.averaged()
+        logits = trace_nodes(model, graph, group.clean, patch=whole, patch_terms=terms, corrupt=donor, positional=positional).logits
+        for i, row in zip(group.pairs.tolist(), logits):
+            rows[i] = row
+    return torch.stack(rows) if len(groups) == 1 else rows
