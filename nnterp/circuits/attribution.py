@@ -19,7 +19,8 @@ interpolated apart from the others, and costs ``steps`` forward and backward pas
 
 ``metric(logits, pairs)`` takes the logits of a batch ``[batch, seq, vocab]`` and the indices of its prompt
 pairs ``[batch]`` (a LongTensor: which pairs of the call's lists these rows are) and returns one value per row
-``[batch]``; the gradient is that of their sum. A score is per prompt pair, averaged over the pairs.
+``[batch]``; the gradient is that of their sum. A score is per prompt pair, averaged over the pairs (pairs of
+different lengths run one batch per length: `nnterp.circuits.pairs`).
 `logit_difference(good, bad)` builds the usual one.
 """
 

@@ -2,8 +2,9 @@
 
 Mental model. A circuit is a set of edges (`nnterp.circuits.graph.Circuit`). The model runs on the clean
 prompts with every edge *outside* the circuit patched (`nnterp.circuits.patching`) to its corrupt value
-(``ablation="corrupt"``: the pair's own corrupt prompt) or to its mean over the corrupt prompts, per position
-(``"mean"``). The recovered fraction is
+(``ablation="corrupt"``: the pair's own corrupt prompt) or to its mean over the corrupt prompts of the clean
+prompt's length, per position (``"mean"``; pairs of different lengths: `nnterp.circuits.pairs`). The recovered
+fraction is
 
     (m(circuit) − m(empty)) / (m(clean) − m(empty))
 

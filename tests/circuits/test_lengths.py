@@ -84,6 +84,13 @@ def test_a_mixed_batch_patches_as_each_pair_alone_and_as_the_plain_forwards(mode
     for index, clean_ids, corrupt_ids in _by_length(clean, corrupt).values():
         alone = circuits.patch_edges(model, clean_ids, corrupt_ids, chosen, ablation="mean")
         torch.testing.assert_close(torch.stack([mean[i] for i in index.tolist()]), alone, atol=1e-5, rtol=1e-5)
+    # ... so where the corrupt prompts of each length are copies of one, the mean is each pair's own corrupt prompt.
+    first = {len(row): row for row in reversed(corrupt)}
+    same = [first[len(row)] for row in clean]
+    copies, paired = circuits.patch_edges(model, clean, same, chosen, ablation="mean"), circuits.patch_edges(model, clean, same, chosen)
+    for i in range(len(clean)):
+        torch.testing.assert_close(copies[i], paired[i], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(mean[0], paired[0], atol=1e-3)
 
 
 @pytest.mark.parametrize("model_type", [PLAIN, HYBRID])
