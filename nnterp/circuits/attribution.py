@@ -88,7 +88,7 @@ def _destination_paths(model: Any, graph: Any, ids: torch.Tensor, donor: Any, me
     the path of that input alone from clean toward corrupt (midpoints; ``method="eap-ig-activations"``)."""
     gradients = {}
     for v in graph.destinations:
-        every = graph.weights([(u, v) for u in graph.sources[: graph.upstream[v]]])[v]
+        every = graph.weights([(graph.sources[i], v) for i in graph.inputs(v)])[v]
         runs = [
             trace_nodes(model, graph, ids, patch={v: every * ((k + 0.5) / steps)}, corrupt=donor, metric=metric, pairs=pairs, grad=True)
             for k in range(steps)
@@ -159,11 +159,10 @@ def edge_attribution(
         clean_total += float(base.values.sum())
         for column, v in enumerate(graph.destinations):
             gradient = paths[v] if method == "eap-ig-activations" else sum(run.grads[v] for run in runs) / len(runs)
-            upstream = graph.upstream[v]
             difference = donor.at(graph, v) - base.at(graph, v)  # [batch, seq, upstream, hidden], as v reads them
-            total[:upstream, column] += torch.einsum("btnd,btd->n", difference, gradient)
+            total[graph.inputs(v), column] += torch.einsum("btnd,btd->n", difference, gradient)
             for part in graph.parts:
-                if part.name in base.terms and graph.upstream[v] > graph.sources.index(part.sources[0]):
+                if part.name in base.terms and graph.sources.index(part.sources[0]) in graph.inputs(v):
                     change = donor.terms_at(graph, part.name, v) - base.terms_at(graph, part.name, v)  # [batch, t, s, heads, hidden]
                     grid = torch.einsum("btshd,btd->sh", change, gradient)
                     by_position[part.name, v] = by_position.get((part.name, v), 0) + grid

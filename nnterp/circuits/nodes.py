@@ -23,8 +23,17 @@ between them, factors of the run (`NodeMap.carries`, `NodeMap.carried`). falcon_
 attention in parallel on one norm's output: they share one destination, ``"m{l}"``, and each head's share is
 scaled by its part's output multiplier (`Part.beta`).
 
-`NodeMap` is the map for one model; `node_map(model)` builds it or raises `Unavailable` with the reason a
-family's parts do not read a plain residual; `support(model)` says it per node kind.
+zamba2's hybrid blocks run a shared transformer block beside the residual stream: its attention reads
+``norm([x, e])``, the residual ``x`` concatenated with the embeddings ``e``, its MLP reads the attention's output,
+and a linear map of the MLP's output is added to the block's Mamba-2 input, ``norm(x + linear(mlp))``, never to
+the stream. So the sources reaching a destination are no prefix of the sources (`NodeMap.reach`): ``"a{l}"`` (the
+concatenation, ``[2 · hidden]``) is reached by the stream's sources, the embeddings' edge moving both halves and a
+mixer head's the first (`NodeMap.concatenated`); ``"mlp{l}"`` by that attention's heads alone; the Mamba-2 block's
+``"m{l}"`` by the stream's sources and ``"mlp{l}"`` (whose output is ``linear(mlp)``, `Part.writer`); later
+destinations by the stream's sources alone.
+
+`NodeMap` is the map for one model; `node_map(model)` builds it or raises `Unavailable` where a part reads the
+residual through no norm nnterp knows; `support(model)` says per node kind which the model has.
 """
 
 from __future__ import annotations
@@ -51,6 +60,11 @@ PROJECTIONS = ("o_proj", "out_proj", "output", "linear_out", "c_proj")
 OUT_MULTIPLIERS = {"attention": "attn_out_multiplier", "mixer": "ssm_out_multiplier"}
 #: Post-norms (the part's output normalized before it is added): ``{mixer post-norm, mlp post-norm}``.
 POST_NORMS = ("post_attention_layernorm", "post_feedforward_layernorm")
+#: zamba2's hybrid block: the child running the shared transformer block, each part's input norm (a path from the
+#: block) and the child whose output is what the shared MLP adds to the Mamba-2 block's input.
+SHARED_BLOCK = "shared_transformer"
+SHARED_NORMS = {"attention": "shared_transformer.input_layernorm", "mlp": "shared_transformer.pre_ff_layernorm", "mixer": "mamba_decoder.input_layernorm"}
+SHARED_WRITER = "linear"
 
 
 @dataclass(frozen=True)
@@ -61,13 +75,15 @@ class Part:
         layer: its layer index.
         kind: ``"attention"``, ``"mixer"`` or ``"mlp"``.
         name: its destination name (``"a3"``, ``"m3"``, ``"mlp3"``).
-        norm: the HF child of the block whose input is the part's input (its input norm); ``None`` where the part
+        norm: the HF child of the block (a path, `child_at`) whose input is the part's input (its input norm); ``None`` where the part
             reads the residual itself (a post-norm family, olmo3: the part's own input).
         projection: the output projection (a child of the part) whose input splits into heads; ``None`` on an MLP.
         heads: how many source nodes the part is (1: the part is one node).
         post_norm: the HF child of the block normalizing the part's output before it is added, or ``None``.
         sources: the source node names it writes, in head order.
         beta: the factor the block multiplies the part's output by before adding it (MiniMax's ``*_beta_factor``).
+        writer: the child of the block (a path, `child_at`) whose output is what the part adds, where it is not the
+            part's own output (zamba2's shared MLP: ``linear``), or ``None``.
     """
 
     layer: int
@@ -79,6 +95,7 @@ class Part:
     post_norm: str | None
     sources: tuple = ()
     beta: float = 1.0
+    writer: str | None = None
 
 
 @dataclass
@@ -89,8 +106,11 @@ class NodeMap:
         parts: the parts in forward order (`Part`).
         sources: every source node name, ``"embed"`` first, in forward order.
         destinations: every destination name, in forward order, ``"logits"`` last.
-        upstream: ``{destination: number of sources upstream of it}``: the sources upstream of a destination are
-            a prefix of ``sources``.
+        upstream: ``{destination: number of sources upstream of it}``: where ``reach`` has no entry, the sources
+            upstream of a destination are a prefix of ``sources``.
+        reach: ``{destination: [source index, ...]}``, the sources reaching it where they are no prefix (zamba2's
+            shared blocks, module docstring; `inputs`); ``concatenated``: the destinations that read ``[residual,
+            embeddings]`` (``[2 · hidden]``: the embeddings reach both halves, every other source the first).
         scale: the factor the family multiplies each part's output by before adding it (1.0 on most).
         layers: ``{source or destination: its layer}`` (``embed``: 0; ``logits``: the number of layers).
         halve_every: RWKV-4 in eval halves the residual after every ``halve_every``-th block (0: never), so a
@@ -115,12 +135,27 @@ class NodeMap:
     #: ``[(layer, norm, alpha)]``: the norms the carried stream passes, in forward order (empty but on MiniMax).
     carry_norms: list = field(default_factory=list)
     reads: dict = field(default_factory=dict)
+    reach: dict = field(default_factory=dict)
+    concatenated: set = field(default_factory=set)
+
+    def inputs(self, destination: str) -> list:
+        """The indices (in ``sources``) of the sources reaching ``destination``, in forward order."""
+        return self.reach[destination] if destination in self.reach else list(range(self.upstream[destination]))
 
     def carried(self, outputs: torch.Tensor, factors: torch.Tensor | None, destination: str) -> torch.Tensor:
         """``[batch, seq, upstream, hidden]``: what each source upstream of ``destination`` adds to its input, from
-        ``outputs`` ``[batch, seq, sources, hidden]`` and the run's norm factors ``[batch, seq, norms, hidden]``."""
+        ``outputs`` ``[batch, seq, sources, hidden]`` and the run's norm factors ``[batch, seq, norms, hidden]``
+        (``[..., 2 · hidden]`` where the destination reads ``[residual, embeddings]``)."""
         count = self.upstream[destination]
         stop = self.reads.get(destination, 0)
+        if destination in self.reach:
+            index = self.inputs(destination)
+            picked = outputs[:, :, index]
+            if destination not in self.concatenated:
+                return picked
+            # The embeddings (source 0) are both halves' own: the original embeddings are the second half.
+            embeddings = torch.tensor([float(i == 0) for i in index], device=outputs.device)[:, None]
+            return torch.cat([picked, picked * embeddings], -1)
         if not stop:  # no norm before it: every source reaches it as written
             return outputs[:, :, :count]
         chosen = factors[:, :, :stop].to(outputs.device)
@@ -176,14 +211,14 @@ class NodeMap:
         """``{destination: [upstream sources] float tensor}``: each edge of ``edges`` its `factor`, 0 elsewhere."""
         mask = self.edge_mask(edges)
         return {
-            v: torch.tensor([self.factor(u, v) if on else 0.0 for u, on in zip(self.sources, mask[v][: self.upstream[v]])])
+            v: torch.tensor([self.factor(self.sources[i], v) if mask[v][i] else 0.0 for i in self.inputs(v)])
             for v in self.destinations if any(mask[v])
         }
 
     @property
     def edges(self) -> list:
         """Every edge ``(source, destination)``, destinations in forward order."""
-        return [(u, v) for v in self.destinations for u in self.sources[: self.upstream[v]]]
+        return [(self.sources[i], v) for v in self.destinations for i in self.inputs(v)]
 
     def edge_mask(self, edges: Any) -> dict:
         """``{destination: [bool per source]}``, true where ``(source, destination)`` is in ``edges``; unknown ones raise."""
@@ -191,7 +226,7 @@ class NodeMap:
         mask = {v: [False] * len(self.sources) for v in self.destinations}
         for edge in edges:
             u, v = edge
-            if v not in mask or u not in index or index[u] >= self.upstream[v]:
+            if v not in mask or u not in index or index[u] not in self.inputs(v):
                 raise InvalidArgument(
                     f"({u!r}, {v!r}) is not an edge of this graph: a source of {self.sources[:3]}... upstream of a "
                     f"destination of {self.destinations}"
@@ -200,20 +235,16 @@ class NodeMap:
         return mask
 
 
+def child_at(envoy: Any, path: str) -> Any:
+    """The envoy at ``path`` (dotted child names, ``""``: ``envoy`` itself) below ``envoy``."""
+    for name in filter(None, path.split(".")):
+        envoy = envoy._child_map[name]
+    return envoy
+
+
 def _child(envoy: Any, names: tuple) -> str | None:
     children = dict(envoy._module.named_children())
     return next((name for name in names if name in children), None)
-
-
-def _structure_reason(model: Any) -> str | None:
-    """Why this model's parts do not read one plain residual stream, or ``None``."""
-    name = model.family.NAME
-    if name == "zamba2":
-        return (
-            "zamba2's shared transformer block reads the concatenation of the residual and the original embeddings, "
-            "and its output is projected into the mixer's input, not added to one residual stream"
-        )
-    return None
 
 
 def _heads(kind: str, envoy: Any, split: bool) -> int:
@@ -227,15 +258,12 @@ def _heads(kind: str, envoy: Any, split: bool) -> int:
 def node_map(model: Any, nodes: Any = ("attention_heads", "mixer_heads", "mlp")) -> NodeMap:
     """The `NodeMap` of ``model`` for the node kinds ``nodes`` (of `NODE_KINDS`; a kind not listed is in no edge).
 
-    Raises `Unavailable` where the model's parts do not read a plain residual stream (`support` says why).
+    Raises `Unavailable` where a part reads the residual through no norm nnterp knows.
     """
     nodes = (nodes,) if isinstance(nodes, str) else tuple(nodes)
     unknown = [kind for kind in nodes if kind not in NODE_KINDS]
     if unknown:
         raise InvalidArgument(f"nodes={unknown} are not node kinds; the kinds are {NODE_KINDS}")
-    reason = _structure_reason(model)
-    if reason is not None:
-        raise Unavailable("circuits", reason)
     parts: list = []
     sources, destinations, upstream = ["embed"], [], {}
     layers = {"embed": 0, "logits": len(model.layers)}
@@ -243,21 +271,34 @@ def node_map(model: Any, nodes: Any = ("attention_heads", "mixer_heads", "mlp"))
     carries: dict = {}
     reads: dict = {}
     carry_norms: list = []  # (layer, norm, alpha) of each norm that scales the carried stream, in forward order
+    # zamba2: every destination lists its sources (`NodeMap.reach`): those of the stream, and the shared block's chain.
+    sided = any(_child(layer, (SHARED_BLOCK,)) for layer in model.layers)
+    reach: dict = {}
+    concatenated: set = set()
+    stream: list = [0]  # the indices of the sources written into the residual stream so far
     for index, layer in enumerate(model.layers):
         carry = hasattr(layer._module, "mlp_alpha_factor")  # MiniMax's block: alpha · norm(x) + beta · part(norm(x))
         children = dict(layer._module.named_children())
         post = all(name in children for name in POST_NORMS)
         alone = layer.self_attn is None and layer.linear_attn is None
+        shared = SHARED_BLOCK in children
+        side: list = []  # the shared block's chain: the sources the next part of it reads
         owner: dict = {}  # {norm: the destination of this layer that reads it}: falcon_h1's parallel parts share one
-        # Forward order: falcon_h1 runs its mixer, then its attention, on one norm's output.
-        for kind, envoy in (("mixer", layer.linear_attn), ("attention", layer.self_attn), ("mlp", layer.mlp)):
+        # Forward order: falcon_h1 runs its mixer, then its attention, on one norm's output; zamba2's hybrid block
+        # its shared attention, MLP, then its Mamba-2 block.
+        order = ("attention", "mlp", "mixer") if shared else ("mixer", "attention", "mlp")
+        envoys = {"mixer": layer.linear_attn, "attention": layer.self_attn, "mlp": layer.mlp}
+        for kind, envoy in ((kind, envoys[kind]) for kind in order):
             if envoy is None:
                 continue
             names_ = (MLP_NORMS[:2] + MLP_NORMS[3:] if post else MLP_NORMS) + (MIXER_NORMS if alone else ()) if kind == "mlp" else MIXER_NORMS
-            norm = _child(layer, names_)
+            norm = SHARED_NORMS[kind] if shared else _child(layer, names_)
             if norm is None and not post:
                 raise Unavailable("circuits", f"layer {index}'s {kind} reads the residual through no input norm nnterp knows")
-            embed_at = embed_at or (kind, norm)
+            # The embeddings as the first part reads the stream (zamba2's shared block: the block's own input).
+            embed_at = embed_at or (("block", "") if shared else (kind, norm))
+            reads_from = {"attention": stream, "mlp": side, "mixer": stream + side}[kind] if shared else stream
+            side = []
             prefix = "mlp" if kind == "mlp" else "attn"
             if carry:
                 reads[{"attention": f"a{index}", "mixer": f"m{index}", "mlp": f"mlp{index}"}[kind]] = len(carry_norms)
@@ -277,27 +318,38 @@ def node_map(model: Any, nodes: Any = ("attention_heads", "mixer_heads", "mlp"))
                 owner[norm] = name
                 upstream[name] = len(sources)
                 destinations.append(name)
+                if sided:
+                    reach[name] = list(reads_from)
+                    if shared and kind == "attention":
+                        concatenated.add(name)
+            written = list(range(len(sources), len(sources) + len(names)))
+            if shared and kind != "mixer":
+                side = written
+            else:
+                stream.extend(written)
             sources.extend(names)
             # MiniMax's beta factors; falcon_h1's output multipliers.
             beta = getattr(layer._module, f"{prefix}_beta_factor", None)
             beta = float(getattr(layer._module, OUT_MULTIPLIERS.get(kind, ""), 1.0) if beta is None else beta)
             if carry:
                 carries.update(dict.fromkeys(names, len(carry_norms)))
-            parts.append(Part(index, kind, name, norm, projection, len(names), post_norm, names, beta))
+            writer = SHARED_WRITER if shared and kind == "mlp" else None
+            parts.append(Part(index, kind, name, norm, projection, len(names), post_norm, names, beta, writer))
     if carry_norms:
         carries["embed"], reads["logits"] = 0, len(carry_norms)
     destinations.append("logits")
     upstream["logits"] = len(sources)
+    if sided:
+        reach["logits"] = stream
     scale = float(getattr(model.config, "residual_multiplier", 1.0) or 1.0)
     # RWKV-4 in eval halves the residual after every `rescale_every`-th block (its weights are rescaled to match).
     halve = int(getattr(model.config, "rescale_every", 0) or 0) if model.family.NAME == "rwkv" and not model._model.training else 0
-    return NodeMap(parts, sources, destinations, upstream, scale, embed_at, layers, halve, carries, carry_norms, reads)
+    return NodeMap(parts, sources, destinations, upstream, scale, embed_at, layers, halve, carries, carry_norms, reads, reach, concatenated)
 
 
 def support(model: Any) -> dict:
     """``{"circuits.<kind>": None | reason}``: which node kinds ``model`` has, and why one is unavailable;
     ``"circuits.positional"``: whether every head's edges split by source position (`nnterp.circuits.positional`)."""
-    reason = _structure_reason(model)
     has = {
         "attention_heads": any(layer.self_attn is not None for layer in model.layers),
         "mixer_heads": any(layer.linear_attn is not None and "mixer_heads" in layer.linear_attn.dims() for layer in model.layers),
@@ -310,10 +362,10 @@ def support(model: Any) -> dict:
         "mixers": "this model has no recurrent mixer",
         "mlp": "this model has no feed-forward block",
     }
-    rows = {"circuits.embed": reason, "circuits.logits": reason}
+    rows = {"circuits.embed": None, "circuits.logits": None}
     for kind, present in has.items():
-        rows[f"circuits.{kind}"] = reason or (None if present else missing[kind])
-    rows["circuits.positional"] = reason or _positional_row(model)
+        rows[f"circuits.{kind}"] = None if present else missing[kind]
+    rows["circuits.positional"] = _positional_row(model)
     return rows
 
 

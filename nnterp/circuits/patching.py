@@ -28,7 +28,7 @@ import torch
 
 from ..core.errors import InvalidArgument, ShapeError
 from ..recurrent.no_cache import run_kwargs
-from .nodes import NodeMap, node_map
+from .nodes import NodeMap, child_at, node_map
 from .pairs import group_pairs, one_length
 from .positional import check_positional, head_terms, read_core
 
@@ -87,8 +87,8 @@ _PARTS = {"attention": lambda block: block.self_attn, "mixer": lambda block: blo
 
 
 def _reader(block: Any, kind: str, norm: str | None) -> Any:
-    """The envoy whose input is what a part of ``kind`` reads: its input norm, or the part itself."""
-    return block._child_map[norm] if norm is not None else _PARTS[kind](block)
+    """The envoy whose input is what a part of ``kind`` reads: its input norm (a path from the block), or the part itself."""
+    return child_at(block, norm) if norm is not None else _PARTS[kind](block)
 
 
 def _norm_factor(norm: Any, alpha: float) -> torch.Tensor:
@@ -196,7 +196,7 @@ def trace_nodes(
                 read(part.name, _reader(block, part.kind, part.norm), alpha)
             envoy = _PARTS[part.kind](block)
             if part.kind == "mlp":
-                out = _unwrap(envoy.output).unsqueeze(2)
+                out = _unwrap((envoy if part.writer is None else child_at(block, part.writer)).output).unsqueeze(2)
                 if part.post_norm is not None:
                     out = block._child_map[part.post_norm].output.unsqueeze(2)
             else:

@@ -47,6 +47,8 @@ def positional_reason(part: Any, envoy: Any) -> str | None:
     if part.kind == "attention":
         if "v_proj" not in envoy._child_map:
             return "its attention has no v_proj to read the values from"
+        if "linear_v_adapter_list" in envoy._child_map:
+            return "zamba2's shared attention adds its depth's low-rank adapter to the values, which the split does not read (v_proj alone)"
         return type(envoy).values()["attention_probabilities"].reason(envoy)
     if not isinstance(envoy, EXACT):
         return (
