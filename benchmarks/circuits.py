@@ -38,10 +38,10 @@ def edge_attribution_cost(
     """``{"row", "pairs", "forward_s", "attribution_s", "per_pair_s", "ratio", "ratio_range"}`` of one
     `edge_attribution` call against a plain forward of the clean prompts (the same batch), medians over ``repeats``."""
     from nnterp import circuits
-    from nnterp.circuits.patching import prompt_ids
+    from nnterp.circuits.pairs import prompt_rows
     from nnterp.recurrent.no_cache import run_kwargs
 
-    ids = prompt_ids(model, clean, "clean")
+    ids = torch.stack(prompt_rows(model, clean, "clean"))  # the benchmark's prompts are of one length
     run = run_kwargs(model)
 
     def forward() -> Any:  # the plain transformers module under the wrapper: no trace
