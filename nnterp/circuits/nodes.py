@@ -164,6 +164,11 @@ class NodeMap:
         index = torch.tensor([self.carries[u] for u in self.sources[:count]], device=outputs.device)
         return outputs[:, :, :count] * after[:, :, index]
 
+    def widen(self, terms: torch.Tensor, destination: str) -> torch.Tensor:
+        """A head's terms ``[..., hidden]`` as ``destination`` reads them: zeros appended where it reads ``[residual,
+        embeddings]`` (a head writes the residual half alone)."""
+        return torch.cat([terms, torch.zeros_like(terms)], -1) if destination in self.concatenated else terms
+
     def carry(self, factors: torch.Tensor | None, part: str, destination: str) -> torch.Tensor | float:
         """``[batch, seq, 1, 1, hidden]``: how a head of ``part`` reaches ``destination`` (1.0 but on MiniMax)."""
         if not self.reads.get(destination, 0):

@@ -64,7 +64,7 @@ class NodeRun:
 
     def terms_at(self, nodes: NodeMap, part: str, destination: str) -> torch.Tensor:
         """``[batch or 1, seq, seq, heads, hidden]``: ``part``'s per-source terms as they reach ``destination``."""
-        carried = self.terms[part] * nodes.carry(self.factors, part, destination)
+        carried = nodes.widen(self.terms[part] * nodes.carry(self.factors, part, destination), destination)
         return carried.mean(0, keepdim=True) if self.mean else carried
 
     def averaged(self) -> NodeRun:
@@ -173,7 +173,7 @@ def trace_nodes(
                 weight = masks[v].to(x.device)
                 edited = edited + torch.einsum("btnd,n->btd", corrupt.at(nodes, v).to(x.device) - now, weight).to(x.dtype)
             for name, weight in positional_masks.get(v, {}).items():
-                difference = corrupt.terms_at(nodes, name, v).to(x.device) - terms[name] * nodes.carry(now_factors, name, v)
+                difference = corrupt.terms_at(nodes, name, v).to(x.device) - nodes.widen(terms[name] * nodes.carry(now_factors, name, v), v)
                 edited = edited + torch.einsum("btshd,sh->btd", difference, weight.to(x.device)).to(x.dtype)
             if grad:
                 leaf = torch.zeros_like(x, requires_grad=True)

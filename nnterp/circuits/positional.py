@@ -12,7 +12,7 @@ output projection is ``z[t] = o[t] ⊙ f[t]``, with ``f`` the head's output gate
 and a positional edge ``(u, v, s)`` is the edge ``u -> v`` through the term of source ``s``: the positional
 edges of a head sum to its edge. ``f = z / o`` elementwise (0 where ``o`` is 0).
 
-Served on attention heads (eager, a ``v_proj``) and on the recurrent kinds whose effective attention reproduces
+Served on attention heads (eager, a ``v_proj``; zamba2's shared attention with its depth's value adapter) and on the recurrent kinds whose effective attention reproduces
 the kernel's output on a prompt exactly, ``Σ_s A[t, s] v_s``: the gated DeltaNet and Kimi's delta attention,
 lightning attention (its RMS norm over all heads and its gate in ``f``), Mamba-2 (its skip ``D x_t`` on the diagonal, the term of ``s = t``), the mLSTM (given each token's normalizer),
 and, with a pattern per channel summed into their one node, Mamba-1 (skip and gate included), RWKV-4 and the
@@ -47,8 +47,6 @@ def positional_reason(part: Any, envoy: Any) -> str | None:
     if part.kind == "attention":
         if "v_proj" not in envoy._child_map:
             return "its attention has no v_proj to read the values from"
-        if "linear_v_adapter_list" in envoy._child_map:
-            return "zamba2's shared attention adds its depth's low-rank adapter to the values, which the split does not read (v_proj alone)"
         return type(envoy).values()["attention_probabilities"].reason(envoy)
     if not isinstance(envoy, EXACT):
         return (
@@ -76,6 +74,11 @@ def read_core(envoy: Any, kind: str) -> tuple:
         pattern = envoy.attention_probabilities
         projection = envoy._child_map["v_proj"]._module
         values = projection(x.to(projection.weight.dtype))
+        if "linear_v_adapter_list" in envoy._child_map:
+            # zamba2's shared attention: its depth's low-rank adapter adds to the values (as its forward selects it).
+            module = envoy._module
+            depth = module.layer_dic[args[1] if len(args) > 1 else kwargs["layer_idx"]]
+            values = values + module.linear_v_adapter_list[depth](x.to(projection.weight.dtype))
         config = envoy._module.config
         dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
         values = values.reshape(*values.shape[:2], -1, dim)

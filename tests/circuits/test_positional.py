@@ -28,7 +28,7 @@ from .kinds import BY_KIND, PLAIN
 
 #: Attention (plain, and in the hybrids) and every recurrent kind with a positional split; Kimi's attention layers
 #: are multi-head latent attention, with no v_proj: left out of its graph.
-FAMILIES = [PLAIN, *(BY_KIND[kind] for kind in EXACT), "falcon_h1"]  # falcon_h1: two parts read one destination
+FAMILIES = [PLAIN, *(BY_KIND[kind] for kind in EXACT), "falcon_h1", "zamba2"]  # falcon_h1: two parts read one destination; zamba2: a shared block
 NODES = {BY_KIND[KimiDeltaAttention]: ("mixer_heads", "mlp")}
 N, SEQ = 2, 7
 

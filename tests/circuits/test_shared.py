@@ -114,8 +114,8 @@ def test_eap_on_zamba2_is_the_derivative_of_the_one_edge_patch_and_positional_ed
         derivative.append((up - down) / (2 * epsilon))
     torch.testing.assert_close(scores, torch.tensor(derivative), atol=1e-2, rtol=2e-2)
     assert scores.abs().max() > 1e-2
-    assert "adapter" in model.support()["circuits.positional"]
-    with pytest.raises(Unavailable, match="adapter"):
+    assert "enable_attention_probs=True" in model.support()["circuits.positional"]  # sdpa forms no pattern
+    with pytest.raises(Unavailable, match="enable_attention_probs"):
         circuits.edge_attribution(model, clean, corrupt, metric, positional=True, progress=False)
 
 
@@ -143,3 +143,46 @@ def test_a_shared_block_first_reads_the_embeddings_at_its_own_input(tmp_path, ch
     for edge in [("embed", "a0"), ("embed", "m0"), ("embed", "m1"), ("mlp0", "m0"), ("m0.h2", "logits")]:
         got = circuits.patch_edges(model, clean, corrupt, [edge])
         torch.testing.assert_close(got, _hooked(plain, clean, corrupt, edge), atol=1e-4, rtol=1e-4)
+
+
+def _terms(plain, ids, layer):
+    """``(A [batch, heads, seq, seq], v [batch, seq, heads, dim])`` of the shared attention at ``layer``: the eager
+    weights it returns, and its values, ``v_proj`` plus its depth's adapter, from its input (plain hooks)."""
+    attention, seen = plain.model.layers[layer].shared_transformer.self_attn, {}
+
+    def hook(module, args, kwargs, out):
+        x = kwargs["hidden_states"]
+        values = module.v_proj(x) + module.linear_v_adapter_list[module.layer_dic[kwargs["layer_idx"]]](x)
+        seen["A"], seen["v"] = out[1], values.unflatten(-1, (-1, module.head_dim))
+
+    handle = attention.register_forward_hook(hook, with_kwargs=True)
+    with torch.no_grad():
+        plain(ids)
+    handle.remove()
+    return seen["A"], seen["v"]
+
+
+def test_a_positional_edge_of_the_shared_attention_is_the_plain_models_term(eager_models, plains):
+    # The term of head h, source s, at every target t: W_o,h (A[t, s] v_s), v with the depth's adapter.
+    model, plain = eager_models(MODEL), plains(MODEL, attn_implementation="eager")
+    layer = next(i for i, block in enumerate(model.layers) if block.self_attn is not None)
+    generator = torch.Generator().manual_seed(8)
+    clean = torch.randint(3, 200, (2, 6), generator=generator)
+    corrupt = clean.clone()
+    corrupt[:, 1:3] = torch.randint(3, 200, (2, 2), generator=generator)
+    (a_clean, v_clean), (a_corrupt, v_corrupt) = _terms(plain, clean, layer), _terms(plain, corrupt, layer)
+    attention = plain.model.layers[layer].shared_transformer.self_attn
+    for h, s in [(1, 2), (3, 1), (0, 4)]:
+        columns = slice(h * attention.head_dim, (h + 1) * attention.head_dim)
+
+        def term(pattern, values):
+            return pattern[:, h, :, s, None] * values[:, s, None, h] @ attention.o_proj.weight[:, columns].T
+
+        delta = term(a_corrupt, v_corrupt) - term(a_clean, v_clean)
+        hook = plain.model.layers[layer].shared_transformer.pre_ff_layernorm.register_forward_pre_hook(lambda m, args: (args[0] + delta,))
+        with torch.no_grad():
+            want = plain(clean).logits
+        hook.remove()
+        got = circuits.patch_edges(model, clean, corrupt, [(f"a{layer}.h{h}", f"mlp{layer}", s)])
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        assert not torch.allclose(got, circuits.patch_edges(model, clean, corrupt, []), atol=1e-3)
