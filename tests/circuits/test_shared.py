@@ -91,7 +91,7 @@ def test_the_shared_block_reads_its_chain_and_one_edge_patches_as_the_plain_hook
         graph.edge_mask([(f"a{hybrid}.h0", "logits")])  # the shared attention writes into its MLP alone
 
 
-def test_eap_on_zamba2_is_the_derivative_of_the_one_edge_patch_and_positional_edges_say_why_not(load):
+def test_eap_on_zamba2_is_the_derivative_of_the_one_edge_patch(load):
     from nnterp.circuits.patching import trace_nodes
 
     model = load(MODEL)
@@ -172,14 +172,11 @@ def test_a_positional_edge_of_the_shared_attention_is_the_plain_models_term(eage
     corrupt[:, 1:3] = torch.randint(3, 200, (2, 2), generator=generator)
     (a_clean, v_clean), (a_corrupt, v_corrupt) = _terms(plain, clean, layer), _terms(plain, corrupt, layer)
     attention = plain.model.layers[layer].shared_transformer.self_attn
+    weight = attention.o_proj.weight.unflatten(1, (-1, attention.head_dim))  # [hidden, heads, dim]
     for h, s in [(1, 2), (3, 1), (0, 4)]:
-        columns = slice(h * attention.head_dim, (h + 1) * attention.head_dim)
-
-        def term(pattern, values):
-            return pattern[:, h, :, s, None] * values[:, s, None, h] @ attention.o_proj.weight[:, columns].T
-
-        delta = term(a_corrupt, v_corrupt) - term(a_clean, v_clean)
-        hook = plain.model.layers[layer].shared_transformer.pre_ff_layernorm.register_forward_pre_hook(lambda m, args: (args[0] + delta,))
+        delta = (a_corrupt[:, h, :, s, None] * v_corrupt[:, s, None, h] - a_clean[:, h, :, s, None] * v_clean[:, s, None, h]) @ weight[:, h].T
+        norm = plain.model.layers[layer].shared_transformer.pre_ff_layernorm
+        hook = norm.register_forward_pre_hook(lambda m, args, delta=delta: (args[0] + delta,))
         with torch.no_grad():
             want = plain(clean).logits
         hook.remove()
