@@ -218,7 +218,7 @@ class LightningAttention(RecurrentMixer):
     def run_kernel(self, call: ForwardCall, lo: int, hi: int, initial: Any) -> tuple:
         """The forward's own return on tokens ``[lo, hi)`` of the call from ``initial`` (`lightning_run`): ``(outputs
         [batch, heads, hi - lo, value_dim], final state)``."""
-        return lightning_run(*(x[:, lo:hi] for x in (call.q, call.k, call.v, call.g)), initial)
+        return lightning_run(call.q[:, lo:hi], call.k[:, lo:hi], call.v[:, lo:hi], call.g[:, lo:hi], initial)
 
     def pure_torch_kernel(self) -> bool:
         """Whether the one pass can replace the block loop: its products found, and its decay buffers what

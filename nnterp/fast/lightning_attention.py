@@ -56,7 +56,7 @@ def lightning_scan(
     """
     batch, seq, heads, key_dim = q.shape
     state = initial if initial is not None else q.new_zeros(batch, heads, key_dim, v.shape[-1])
-    queries, keys, values = (x.transpose(1, 2) for x in (q, k, v))  # [batch, heads, seq, dim], as the forward holds them
+    queries, keys, values = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch, heads, seq, dim], as the forward holds them
     ratio = g.exp().transpose(1, 2)[..., None]  # [batch, heads, seq, 1]
     outputs, states = [], []
     for i in range(seq):
@@ -102,7 +102,7 @@ def lightning_one_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
         raise ValueError("lightning_one_pass writes in place: under autograd use lightning_scan(keep=True)")
     batch, _, heads, key_dim = k.shape
     start = k.new_zeros((batch, heads, key_dim, v.shape[-1]), dtype=torch.float32)
-    queries, keys, values = (x.float().transpose(1, 2) for x in (q, k, v))
+    queries, keys, values = q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2)
     return fill_states(out, 0, start, g.float().transpose(1, 2)[..., None], keys, values, read=queries, read_rows=True)[1]
 
 

@@ -157,8 +157,7 @@ class Call:
     def occurrences(self, location: str) -> int:  # how often the run passed ``location`` (``….input`` / ``….output``)
         return mediator().occurrence(location)
 
-    def kernel_waiting(self) -> bool:
-        """Whether the kernel call has not started yet, so its arguments can still be rewritten."""
+    def kernel_waiting(self) -> bool:  # whether the kernel call has not started (its arguments can still be rewritten)
         return self.occurrences(f"{self.op.path}.input") <= self.started
 
     # -- the kernel's arguments by name --------------------------------------------------
@@ -208,6 +207,8 @@ class Call:
 
     def own_final(self) -> torch.Tensor | None:  # the final state the source computes itself, as the last of `states`
         return None
+
+    kept = 0  # leading tokens whose outputs the call source keeps as it computed them: a split does not recompute them
 
     def segments(self, initial: Any, stop: int | None = None) -> list[tuple[int, int, Any]]:
         """The call's runs between its writes up to ``stop`` (`runs_between_writes`), the first from ``initial``."""
@@ -348,8 +349,7 @@ class Call:
         self.check_open(what)
         self.check_write_order(what, position, self.states_read, self.furthest, self.writes)
 
-    def check_first_write(self, what: str) -> None:
-        """Raise unless the kernel call has not started: a write that replaces the whole call (skips it) comes first."""
+    def check_first_write(self, what: str) -> None:  # a write that replaces the whole call (skips it) comes first
         self.check_not_started(what, "this call's kernel had already started (state_output, attention_output or a later value was read first)")
 
     def check_no_write(self, what: str) -> None:

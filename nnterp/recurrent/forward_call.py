@@ -52,7 +52,7 @@ class ForwardCall(Call):
 
     __slots__ = (
         "labels", "first", "cache", "continues", "initial", "q", "k", "v", "g", "decays_written", "original",
-        "final", "g_leaf",
+        "final", "g_leaf", "last",
     )
 
     @classmethod
@@ -71,6 +71,10 @@ class ForwardCall(Call):
         entering = call.cache.get_linear_cache(mixer.hf_module().layer_idx) if call.cache is not None else None
         call.continues = entering is not None
         call.initial = entering.clone() if entering is not None else None
+        # The forward's last binding of the state in this call, ``(location, occurrence)``: its loop's last step.
+        loop = "token_state" if call.continues else "block_state"
+        steps = call.seq if call.continues else -(-call.seq // mixer.hf_module().block_size)
+        call.last = (call.at(loop), call.first[loop] + steps - 1)
         call.decays_written, call.original, call.final, call.g_leaf = False, None, None, None
         with pinned(call.first["split"]):
             call.q, call.k, call.v = split.output
@@ -133,12 +137,14 @@ class ForwardCall(Call):
         products = self.labels["products"] or {}
         fired = [(self.at(name), self.first[name]) for name in ("block_state", "token_state")]
         fired += [(f"{getattr(self.mixer.source, label).path}.output", self.first["block_state"]) for label in products.values()]
-        return all(self.occurrences(location) <= first for location, first in fired)
+        med = mediator()
+        return all(med.occurrence(location) <= first for location, first in fired)
 
     def skip(self, result: tuple) -> None:
-        """Skip the block loop's products with ``result`` (a one pass: a fresh prompt, no write, the loop not started,
-        its products found); otherwise the loop runs and its outputs are `replace`d."""
-        if self.changed or self.continues or self.labels["products"] is None or not self.kernel_waiting():
+        """Skip the block loop's products with ``result`` where the call is unchanged (the one pass, which applies on a
+        fresh prompt whose loop has not started, its products found: `kernel_waiting`); otherwise the loop runs and its
+        outputs are `replace`d (a split call)."""
+        if self.changed:
             return self.replace(result, True)
         outputs, self.final = result
         ops = {variable: getattr(self.mixer.source, label) for variable, label in self.labels["products"].items()}
@@ -156,18 +162,24 @@ class ForwardCall(Call):
     def replace(self, result: tuple, waits: bool) -> None:
         """Make ``result`` the call's outputs before the norm (the forward's own kept up to the first write, unless the
         decays were written) and its final state (written into the forward's final-state tensor, which the cache holds)."""
-        outputs, final = result
+        outputs, final = result  # the outputs of the call's last tokens (those after `kept` at least)
         what = "a write to the call"
-        self.check_ahead("cat", what, "the forward had concatenated the call's outputs")
-        if self.final is None:  # not read yet (an earlier write or the one pass holds it)
-            self.check_reachable(*self.final_binding(), what, "the forward had computed the call's final state")
-        final_tensor = self.forward_final()  # the loop's last binding: the tensor it returns and the cache holds
-        current = self.concatenated()
-        if self.writes and not self.decays_written:
-            keep = min(self.writes) + 1
-            outputs = torch.cat([self.original[:, :, :keep], outputs[:, :, keep:]], dim=2)
-        self.replace_outputs(outputs.to(current.dtype))
-        final_tensor.copy_(final)
+        holder = self.forward_final()  # the loop's last binding: the tensor it returns and the cache holds
+        if holder is None:
+            self.check_reachable(*self.last, what, "the forward had computed the call's final state")
+        with pinned(self.first["cat"]):
+            current = self.operation("cat").output
+            if self.original is None:
+                self.original = current
+            start = self.seq - outputs.shape[2]
+            outputs = torch.cat([self.original[:, :, : self.kept], outputs[:, :, self.kept - start :]], dim=2)
+            Mediator.swap(self.at("cat"), outputs.to(current.dtype))
+        holder.copy_(final)
+
+    @property
+    def kept(self) -> int:  # type: ignore[override]
+        """The tokens up to the first write keep the outputs the forward computed (none once the decays are written)."""
+        return min(self.writes) + 1 if self.writes and not self.decays_written else 0
 
     def own_final(self) -> torch.Tensor | None:
         """The forward's own final state while the call is unchanged (`forward_final`), else ``None``."""
@@ -181,18 +193,12 @@ class ForwardCall(Call):
     def forward_final(self) -> torch.Tensor | None:
         """The forward's own final-state tensor (its loop's last binding of the state), or ``None`` once passed."""
         if self.final is None:
-            location, last = self.final_binding()
-            if self.occurrences(location) > last:
+            location, last = self.last
+            if mediator().occurrence(location) > last:
                 return None
             with pinned(last):
                 self.final = Mediator.value(location)
         return self.final
-
-    def final_binding(self) -> tuple[str, int]:
-        """``(location, occurrence)`` of the forward's last binding of the state in this call (its loop's last)."""
-        loop = "token_state" if self.continues else "block_state"
-        steps = self.seq if self.continues else -(-self.seq // self.mixer.hf_module().block_size)
-        return self.at(loop), self.first[loop] + steps - 1
 
     # -- q, k, v, written before the forward uses them -------------------------------------
 
@@ -227,6 +233,7 @@ class ForwardCall(Call):
         with pinned(self.first["get"]):
             Mediator.swap(self.at("get"), value)
         self.initial, self.continues = value, True
+        self.last = (self.at("token_state"), self.first["token_state"] + self.seq - 1)  # its token loop's last step
 
     def output(self) -> tuple:
         """The mixer's return: ``(attention output, final state, ...)``."""

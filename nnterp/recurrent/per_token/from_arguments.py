@@ -37,6 +37,13 @@ and:
 On a one-token decode step, ``states`` is the step's new state
 (``state_output``) and ``set_state_after(0, v)`` replaces it.
 
+A call source with no function to cut (lightning attention, whose record is
+its forward's own operations: `nnterp.recurrent.forward_call`) runs its own
+kernel on a part (the mixer's ``run_kernel``) and ends the call through its
+record (`Call.skip`, `Call.replace`, which keeps the outputs of `Call.kept`
+tokens). A spec with a ``tap`` serves ``states`` under autograd as a zero
+leaf the call's output reads (`tapped`), so ``states.grad`` is the loss's.
+
 Differences from the routed path, all deliberate: states equal it within
 float32 rounding, not bit for bit, in a bfloat16 model too (`nnterp.fast.state_space`:
 Mamba-2's time step is rounded as the kernel rounds it); under autograd they
@@ -260,7 +267,9 @@ class FromArguments(PerToken):
         """Replace argument ``name`` of a call whose source does not read it as served (lightning's ``decays``: its
         forward reads its own buffers): the record keeps it (`Call.assign`) and the call is served as a write's split
         is, every run from the written arguments."""
-        call = self.record(mixer, f"a write to `linear_attn.{name}`")
+        what = f"a write to `linear_attn.{name}`"
+        call = self.record(mixer, what)
+        call.check_open(what)
         call.assign(name, value)
         call.strategy["named"][name] = call.serve(name)
         self._serve(mixer, call)
@@ -279,7 +288,12 @@ class FromArguments(PerToken):
     def _split_result(self, mixer: Mixer, call: Call) -> Any:
         """What the call returns with its writes: the segments' outputs, and the final state."""
         flag = bool(call.strategy["named"].get("final") or False)
-        results = [self._run_kernel(mixer, call, lo, hi, initial, flag) for lo, hi, initial in self.segments(call)]
+        runs = self.segments(call)
+        while len(runs) > 1 and runs[0][1] <= call.kept:
+            # A run wholly within `Call.kept` keeps the call source's own outputs (lightning's forward runs its loop
+            # anyway): not recomputed; the last run always is (it gives the final state).
+            runs = runs[1:]
+        results = [self._run_kernel(mixer, call, lo, hi, initial, flag) for lo, hi, initial in runs]
         axis = type(mixer).FAST.output_axis
         if not isinstance(results[-1], tuple):
             return torch.cat(results, dim=axis)  # a kernel returning its output only (no final state asked)
