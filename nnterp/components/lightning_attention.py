@@ -66,8 +66,10 @@ bit. Reading ``states`` or ``decays`` then moves the worker to that point of the
 forward, so writes to the call come before them.
 
 ``state`` (under ``tracer.iter``), ``betas`` and the convolution windows are
-`Unavailable`, each with its reason. A state is in the model's dtype, as
-transformers keeps it (float32 on a float32 model).
+`Unavailable`, each with its reason. A state is computed in the model's
+dtype, as transformers keeps it; ``state_input`` / ``state_output`` are in it,
+and the per-token states are stored float32, as every fast path's
+(`FromArguments`; ``fast_states(model, dtype=...)`` stores another).
 
 Failure mode worth knowing: a worker reads in the order the model runs. The
 call's q, k, v are read where the forward splits them, so a write to them,

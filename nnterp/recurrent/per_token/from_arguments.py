@@ -172,6 +172,8 @@ class FromArguments(PerToken):
         """``out`` as a zero leaf filled with the states (`gradients.tap`), its readout by the later tokens (the spec's
         ``tap``: an exact zero) added to the call's output: ``.grad[:, t]`` is the loss's by the state after ``t``."""
         leaf = fill(tap(tuple(out.shape), out), out.detach())
+        # The record adds the zero to the output the forward goes on with (`ForwardCall.graft`; a kernel-call record
+        # with a tapped spec would add it to its kernel's return).
         call.graft(spec.tap(arguments, leaf))
         return leaf
 
