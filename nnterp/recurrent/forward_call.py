@@ -161,7 +161,8 @@ class ForwardCall(Call):
 
     def replace(self, result: tuple, waits: bool) -> None:
         """Make ``result`` the call's outputs before the norm (the forward's own kept up to the first write, unless the
-        decays were written) and its final state (written into the forward's final-state tensor, which the cache holds)."""
+        decays were written) and its final state (written into the forward's final-state tensor, which the cache holds);
+        the forward always runs here, and the pinned reads below wait for it (``waits`` is a kernel call's)."""
         outputs, final = result  # the outputs of the call's last tokens (those after `kept` at least)
         what = "a write to the call"
         holder = self.forward_final()  # the loop's last binding: the tensor it returns and the cache holds
