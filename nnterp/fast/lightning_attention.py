@@ -29,7 +29,7 @@ another dtype, autograd) the token loop `lightning_scan` serves instead.
 There is no kernel call: the forward computes the recurrence itself, blockwise
 on a prompt. ``arguments`` are the call's ``q``, ``k``, ``v``, ``g`` and the
 entering ``state`` as the component reads them; by those names
-(`nnterp.fast.spec`): `states`, `one_pass`, `state_shape`, `tap`,
+(`nnterp.fast.spec`): `states`, `one_pass`, `state_shape`, `tap`, `final_state`,
 `effective_attention`; the specs ``FAST``, ``EFFECTIVE``. The forward's own
 return, as `one_pass` and the component's ``run_kernel`` give it, is
 ``(outputs [batch, heads, seq, value_dim], final state)``.
@@ -151,6 +151,18 @@ def in_place(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, state: torch.Ten
     return state is None and k.dtype == torch.float32 and not differentiable(k, v, g)
 
 
+def final_state(arguments: dict) -> torch.Tensor:
+    """The state after a run's last token as `states` computes it (so it is ``states[:, -1]`` bit for bit): in place in a
+    two-slot ring where `in_place`, else the token loop's."""
+    a = arguments
+    k, v, g, state = a["k"], a["v"], a["g"], a.get("state")
+    if in_place(k, v, g, state):
+        ring = k.new_empty((k.shape[0], 2, k.shape[2], k.shape[3], v.shape[3]), dtype=torch.float32)
+        lightning_states(k, v, g, None, ring)
+        return ring[:, (k.shape[1] - 1) % 2].clone()
+    return lightning_scan(a.get("q", k), k, v, g, state)[1]
+
+
 def lightning_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, initial: torch.Tensor | None) -> tuple:
     """The forward's own return on a run of tokens from ``initial``: ``(outputs [batch, heads, seq, value_dim], final
     state)``, its final state computed as `states` computes the run's last (in place in a two-slot ring, or the token
@@ -213,7 +225,7 @@ def effective_attention(arguments: dict, positions: Any, heads: Any, coefficient
 #: MiniMax's lightning attention (the forward's own block loop and decode loop).
 FAST = FastSpec(
     "lightning attention", states, ("q", "k", "v", "g"), state_shape, one_pass=one_pass, output_axis=2,
-    state_tokens=("k", "v", "g"), tap=tap,
+    state_tokens=("k", "v", "g"), tap=tap, final_state=final_state,
 )
 #: MiniMax's lightning attention, prompt and decode step alike.
 EFFECTIVE = EffectiveSpec("lightning attention", effective_attention, "heads")

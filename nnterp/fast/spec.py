@@ -97,6 +97,9 @@ class FastSpec:
     #: ...state]`` as the later tokens' outputs read an addition to each state; added to the call's output under autograd,
     #: so a zero leaf's gradient at ``t`` is the loss's by the state after ``t`` (``states.grad``). ``None``: no tap.
     tap: Callable[[dict, torch.Tensor], torch.Tensor] | None = None
+    #: ``final_state(arguments)``: the state after the run's last token as ``compute`` computes it, the others not kept,
+    #: where a call source has no kernel to run for it (lightning's forward). ``None``: the kernel's final state.
+    final_state: Callable[[dict], torch.Tensor] | None = None
 
     def __repr__(self) -> str:
         return f"FastSpec({self.name})"

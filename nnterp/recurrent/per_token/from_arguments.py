@@ -186,9 +186,14 @@ class FromArguments(PerToken):
         if position in call.writes:
             return call.writes[position]
         lo, hi, initial = self.segments(call, position + 1)[-1]
-        final = self._run_kernel(mixer, call, lo, hi, initial, True)[type(mixer).FINAL_STATE]
-        if type(mixer).FAST.leaving is not None:
-            final = type(mixer).FAST.leaving(final)  # the kernel's own format (RWKV-4's triple) as one of the states
+        spec = type(mixer).FAST
+        if spec.final_state is not None:
+            # The spec's own (lightning's: its source has no kernel to run on a part): as `states` computes it.
+            final = spec.final_state(piece(spec, call.strategy["named"], lo, hi, initial))
+        else:
+            final = self._run_kernel(mixer, call, lo, hi, initial, True)[type(mixer).FINAL_STATE]
+        if spec.leaving is not None:
+            final = spec.leaving(final)  # the kernel's own format (RWKV-4's triple) as one of the states
         call.advance(position, what)
         call.strategy.setdefault("read", {})[position] = final
         return final
