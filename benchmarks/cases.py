@@ -20,7 +20,6 @@ import torch
 
 import nnterp
 from nnterp import StandardizedTransformer, fast_states
-from nnterp.components.lightning_attention import LightningAttention
 from nnterp.core.errors import NnterpError
 from nnterp.families import families
 from nnterp.fast import empty_cache
@@ -50,8 +49,7 @@ OWN_TWO_PASSES = "own strategy with one_pass off: the forward's own recurrence, 
 OWN_ONE_PASSES = {
     kind: from_arguments
     for kind in dict.fromkeys(family.MIXER for family in families() if family.MIXER is not None)
-    # Lightning attention's one pass is its own strategy's (`per_token.forward.FromForward.one_pass`).
-    if kind.FAST is None and (kind.OWN_ONE_PASS is not None or issubclass(kind, LightningAttention))
+    if kind.FAST is None and kind.OWN_ONE_PASS is not None
 }
 
 

@@ -16,13 +16,14 @@ exists only at block ends), a call that continues a cache (a decode step)
 loops over its tokens. So this `RecurrentMixer` has no kernel call: its
 record (`nnterp.recurrent.forward_call.ForwardCall`) is built from the
 forward's own operations (found in the installed release's source by name:
-`find_labels`), and the state after every token is served the
-``FromArguments`` way by `nnterp.recurrent.per_token.forward.FromForward`,
-computed from the call's own ``q``, ``k``, ``v`` and decay by
-`nnterp.fast.lightning_attention` with the same operations as the decode branch. Where
-a prompt's states are read before its block loop, without autograd, in
-float32 and on one invoke, the loop's products are skipped and the outputs
-computed with the states (its one pass).
+`find_labels`), and the state after every token is served by
+`FromArguments` from its fast path ``FAST`` (`nnterp.fast.lightning_attention`),
+computed from the call's own ``q``, ``k``, ``v`` and decay (on a call that
+continues a cache with the same operations as the decode branch), whatever
+the model's setting. Where a prompt's states are read before its block loop,
+without autograd, in float32 and on one invoke, the loop's products are
+skipped and the outputs computed with the states (its one pass, switched by
+`from_arguments.one_pass`).
 
 Values, in the order the forward makes them (``seq`` is this call's tokens):
 
@@ -65,8 +66,10 @@ bit. Reading ``states`` or ``decays`` then moves the worker to that point of the
 forward, so writes to the call come before them.
 
 ``state`` (under ``tracer.iter``), ``betas`` and the convolution windows are
-`Unavailable`, each with its reason. A state is in the model's dtype, as
-transformers keeps it (float32 on a float32 model).
+`Unavailable`, each with its reason. A state is computed in the model's
+dtype, as transformers keeps it; ``state_input`` / ``state_output`` are in it,
+and the per-token states are stored float32, as every fast path's
+(`FromArguments`; ``fast_states(model, dtype=...)`` stores another).
 
 Failure mode worth knowing: a worker reads in the order the model runs. The
 call's q, k, v are read where the forward splits them, so a write to them,
@@ -87,13 +90,14 @@ from ..core import indices
 from ..core.calls import mediator, per_call, pinned
 from ..core.dims import ConvState, Gates, Hidden, Queries, State, States, Values
 from ..core.errors import NnterpError, SignatureError, UnsupportedRelease
-from ..core.values import DerivedEProperty, module_output
+from ..core.values import DerivedEProperty, check_expected, module_output
 from ..fast.lightning_attention import FAST as LIGHTNING
-from ..fast.lightning_attention import lightning_attention
-from ..recurrent.forward_call import ForwardCall
+from ..fast.lightning_attention import lightning_attention, lightning_run, lightning_scan
+from ..recurrent import per_token
+from ..recurrent.forward_call import PRODUCTS, ForwardCall
+from ..recurrent.gradients import recording
 from ..recurrent.kernels import signature
 from ..recurrent.labels import Label, bindings, call_label, missing
-from ..recurrent.per_token.forward import FROM_FORWARD, PRODUCTS
 from .recurrent import EffectiveAttention, RecurrentMixer
 
 NO_ITERATION = (
@@ -139,10 +143,10 @@ class LightningAttention(RecurrentMixer):
     CONV_FUNCTIONS: tuple = ()
     #: The forward returns its final state with or without a cache, so `state_output` is served without one.
     FINAL_STATE_WITHOUT_CACHE = True
-    #: The spec a factorized store replays its states with (`nnterp.recurrent.replay`; no fast path is attached).
-    REPLAY = LIGHTNING
-    #: Its states are always computed from the call's own q, k, v and decays (as the fast path's are), so a read
-    #: after the forward has run (state_output first) is still served.
+    #: Its fast path: `FromArguments` serves its states from the call's q, k, v and decays (`run_kernel` its split).
+    FAST = LIGHTNING
+    #: Its states are always computed from the call's own q, k, v and decays (`FromArguments`, its own strategy too:
+    #: `per_token.default_strategy`), so a read after the forward has run (state_output first) is still served.
     STATES_FROM_ARGUMENTS = True
     SKIP = {"attention_values": 0.0, "decays": 0.0}  # S_s = exp(0) S_{s-1} + k_s 0ᵀ (v where the forward splits it, first)
     #: Values no gradient of the model's outputs reaches (`gradient_support`), beyond the shared ones.
@@ -211,32 +215,51 @@ class LightningAttention(RecurrentMixer):
     def _assign_state_input(self, value: Any) -> None:
         self.record().assign_state_input(value)
 
-    # -- the state after every token (`FromForward`, from the call's q, k, v and decays) ------------------
+    # -- the hooks `FromArguments` calls: the forward's recurrence on a part of the call, and its one pass ----------
 
-    def state_after(self, t: int) -> torch.Tensor:
-        """The state after token ``t`` of this call (negative ``t`` counts from the end), from its q, k, v and decays."""
-        return FROM_FORWARD.state_after(self, t)
+    def run_kernel(self, call: ForwardCall, lo: int, hi: int, initial: Any) -> tuple:
+        """The forward's own return on tokens ``[lo, hi)`` of the call from ``initial`` (`lightning_run`): ``(outputs
+        [batch, heads, hi - lo, value_dim], final state)``."""
+        return lightning_run(call.q[:, lo:hi], call.k[:, lo:hi], call.v[:, lo:hi], call.g[:, lo:hi], initial)
 
-    def states_of(self, positions: Any) -> torch.Tensor:
-        """The states after tokens ``positions`` of this call only, ``[batch, len(positions), ...state]``, in the order given.
+    def pure_torch_kernel(self) -> bool:
+        """Whether the one pass can replace the block loop: its products found, and its decay buffers what
+        ``slope_rate`` gives them to float32 rounding (a model loaded in bfloat16 then cast to float32 keeps them
+        rounded apart: the one pass, which reads ``slope_rate``, would then differ from the loop by more than rounding)."""
+        module = self._module
+        if self.FORWARD_OPS["products"] is None:
+            return False
+        buffers = [getattr(module, name, None) for name in ("query_decay", "key_decay", "diagonal_decay")]
+        if getattr(module, "decay_factors", None) is None or any(buffer is None for buffer in buffers):
+            return False
+        with torch.no_grad():
+            expected = module.decay_factors(module.slope_rate.float())
+            return all(b.shape == e.shape and torch.allclose(b.float(), e, rtol=1e-5, atol=0) for b, e in zip(buffers, expected))
 
-        Equal to ``states[:, positions]``; only the tokens up to the last selected
-        one are computed. As `state_after` at each of them for the order rules. A
-        new tensor: its ``.grad`` never comes (read ``states.grad``).
-        """
-        return FROM_FORWARD.states_of(self, positions)
+    def _decays(self) -> torch.Tensor:
+        """The call's log decays; under autograd a leaf the outputs before the norm read through an exact zero."""
+        call = self.record()
+        if call.g_leaf is not None:
+            return call.g_leaf
+        if not recording(call.q) or call.changed or call.passed("cat", call.first["cat"]):
+            return call.g
+        # Under autograd the forward never reads the decays (it reads its buffers): the call's output before the
+        # norm gets an exact zero that depends on them (the recurrence with them, minus itself detached).
+        leaf = call.g.detach().clone().requires_grad_(True)
+        q, k, v = (x.detach() for x in (call.q, call.k, call.v))
+        initial = call.initial.detach() if call.initial is not None else None
+        rebuilt = lightning_scan(q, k, v, leaf, initial)[0].transpose(1, 2)
+        call.graft(rebuilt - rebuilt.detach())
+        call.g_leaf = leaf
+        return leaf
 
-    def set_state_after(self, t: int, value: torch.Tensor) -> None:
-        """Assign the state after token ``t``: the tokens after it continue from ``value``.
-
-        Token ``t``'s own output stays as the forward computed it; the outputs
-        of the tokens after it, and the call's final state (the cache's), are
-        the recurrence continued from ``value``, as when a cache holding the
-        prefix's state is replaced and the rest is fed one token at a time.
-        Writes in increasing positions, before ``state_output`` and
-        ``attention_output`` of the call; ``states`` only before them.
-        """
-        FROM_FORWARD.set_state_after(self, t, value)
+    def _assign_decays(self, value: Any) -> None:
+        """Make the call's outputs and final state the recurrence's with decays ``value`` (`FromArguments.assign_argument`)."""
+        call = self.record()
+        check_expected("`linear_attn.decays`", value, tuple(call.g.shape), call.g.dtype, call.g.device)
+        if torch.equal(value, call.g):
+            return  # the forward's own decays: its own loop already computes the call with them
+        per_token.FROM_ARGUMENTS.assign_argument(self, "g", value)
 
     # -- effective attention -------------------------------------------------------
 
@@ -303,7 +326,7 @@ class LightningAttention(RecurrentMixer):
         lambda envoy: None, description="a write strength β (none here)", unavailable=lambda envoy: NO_BETA, annotation=Gates,
     )
     decays = DerivedEProperty(
-        FROM_FORWARD.decays, assign=FROM_FORWARD.assign_decays,
+        _decays, assign=_assign_decays,
         description="the log decay g = -λ_h of every token (the state is multiplied by exp(g)), [batch, seq, mixer_heads]",
         annotation=Gates,
     )
@@ -317,7 +340,8 @@ class LightningAttention(RecurrentMixer):
         unavailable=lambda envoy: NO_ITERATION, annotation=State,
     )
     states = DerivedEProperty(
-        FROM_FORWARD.states, description="the state after every token of this call, from its q, k, v and decays", annotation=States,
+        per_token.every_state, description="the state after every token of this call, from its q, k, v and decays",
+        unavailable=per_token.per_token_reason, annotation=States,
     )
     effective_attention = DerivedEProperty(
         lambda envoy: envoy._effective()[0],

@@ -29,8 +29,10 @@ another dtype, autograd) the token loop `lightning_scan` serves instead.
 There is no kernel call: the forward computes the recurrence itself, blockwise
 on a prompt. ``arguments`` are the call's ``q``, ``k``, ``v``, ``g`` and the
 entering ``state`` as the component reads them; by those names
-(`nnterp.fast.spec`): `states`, `one_pass`, `state_shape`,
-`effective_attention`; the specs ``FAST``, ``EFFECTIVE``.
+(`nnterp.fast.spec`): `states`, `one_pass`, `state_shape`, `tap`, `final_state`,
+`effective_attention`; the specs ``FAST``, ``EFFECTIVE``. The forward's own
+return, as `one_pass` and the component's ``run_kernel`` give it, is
+``(outputs [batch, heads, seq, value_dim], final state)``.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def lightning_scan(
     """
     batch, seq, heads, key_dim = q.shape
     state = initial if initial is not None else q.new_zeros(batch, heads, key_dim, v.shape[-1])
-    queries, keys, values = (x.transpose(1, 2) for x in (q, k, v))  # [batch, heads, seq, dim], as the forward holds them
+    queries, keys, values = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch, heads, seq, dim], as the forward holds them
     ratio = g.exp().transpose(1, 2)[..., None]  # [batch, heads, seq, 1]
     outputs, states = [], []
     for i in range(seq):
@@ -93,13 +95,14 @@ def lightning_one_pass(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
 
     Returns the outputs ``[batch, heads, seq, value_dim]`` (heads first, as the
     forward holds them), float32, each block of states read by its queries while
-    still in cache (`scan.fill_states` with ``read``); no autograd.
+    still in cache (`scan.fill_states` with ``read``); no autograd. ``out`` may be
+    a ring of fewer tokens (token ``t`` in slot ``t % slots``).
     """
     if differentiable(q, k, v, g):
         raise ValueError("lightning_one_pass writes in place: under autograd use lightning_scan(keep=True)")
     batch, _, heads, key_dim = k.shape
     start = k.new_zeros((batch, heads, key_dim, v.shape[-1]), dtype=torch.float32)
-    queries, keys, values = (x.float().transpose(1, 2) for x in (q, k, v))
+    queries, keys, values = q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2)
     return fill_states(out, 0, start, g.float().transpose(1, 2)[..., None], keys, values, read=queries, read_rows=True)[1]
 
 
@@ -140,22 +143,66 @@ def lightning_tap_readout(q: torch.Tensor, g: torch.Tensor, taps: torch.Tensor) 
 # -- by the names the component reads (`nnterp.fast.spec`) -------------------------------
 
 
+def in_place(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, state: torch.Tensor | None) -> bool:
+    """Whether a run's states are written in place (`lightning_states`), not by the token loop (`lightning_scan`):
+    from zeros, in float32, without autograd. The token loop is kept under autograd (a graph to keep), in another
+    dtype (computed in it, as transformers does) and from a given state (a decode step: the forward runs the same token
+    loop there, so its states equal the cache's bit for bit, which an ``addcmul_`` would not)."""
+    return state is None and k.dtype == torch.float32 and not differentiable(k, v, g)
+
+
+def final_state(arguments: dict) -> torch.Tensor:
+    """The state after a run's last token as `states` computes it (so it is ``states[:, -1]`` bit for bit): in place in a
+    two-slot ring where `in_place`, else the token loop's."""
+    a = arguments
+    k, v, g, state = a["k"], a["v"], a["g"], a.get("state")
+    if in_place(k, v, g, state):
+        ring = k.new_empty((k.shape[0], 2, k.shape[2], k.shape[3], v.shape[3]), dtype=torch.float32)
+        lightning_states(k, v, g, None, ring)
+        return ring[:, (k.shape[1] - 1) % 2].clone()
+    return lightning_scan(a.get("q", k), k, v, g, state)[1]
+
+
+def lightning_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, initial: torch.Tensor | None) -> tuple:
+    """The forward's own return on a run of tokens from ``initial``: ``(outputs [batch, heads, seq, value_dim], final
+    state)``, its final state computed as `states` computes the run's last (in place in a two-slot ring, or the token
+    loop's), so a run's final state is ``states[:, -1]`` bit for bit."""
+    if in_place(k, v, g, initial):
+        ring = k.new_empty((k.shape[0], 2, k.shape[2], k.shape[3], v.shape[3]), dtype=torch.float32)
+        outputs = lightning_one_pass(q, k, v, g, ring)
+        return outputs, ring[:, (k.shape[1] - 1) % 2].clone()
+    outputs, final, _ = lightning_scan(q, k, v, g, initial)
+    return outputs.transpose(1, 2), final
+
+
 def states(arguments: dict, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The state after every token: in place without autograd (`lightning_states`, into ``out``), else the token loop's."""
+    """The state after every token, into ``out`` when given: in place (`lightning_states`) where `in_place`, else the
+    token loop's (`lightning_scan`)."""
     a = arguments
     q, k, v, g, state = a.get("q"), a["k"], a["v"], a["g"], a.get("state")
-    if differentiable(k, v, g, state):
-        return lightning_scan(q, k, v, g, state, keep=True)[2]
-    return lightning_states(k, v, g, state, out)
+    if in_place(k, v, g, state):
+        return lightning_states(k, v, g, state, out)
+    found = lightning_scan(q if q is not None else k, k, v, g, state, keep=True)[2]
+    return found if out is None else out.copy_(found)
 
 
 def one_pass(arguments: dict, out: torch.Tensor) -> tuple | None:
-    """The outputs ``[batch, heads, seq, value_dim]`` (heads first, as the forward holds them) with the states, in one
-    pass; ``None`` off float32 or on a call that continues a state (`lightning_one_pass` starts from zeros)."""
+    """``((outputs [batch, heads, seq, value_dim], final state), states)`` in one pass: the forward's own return
+    (outputs heads first, as it concatenates them, `FAST.output_axis`) and the states; ``None`` off float32 or on a
+    call that continues a state (`lightning_one_pass` starts from zeros)."""
     a = arguments
     if a.get("state") is not None or a["q"].dtype != torch.float32:
         return None
-    return lightning_one_pass(a["q"], a["k"], a["v"], a["g"], out), out
+    outputs = lightning_one_pass(a["q"], a["k"], a["v"], a["g"], out)
+    return (outputs, out[:, -1].clone()), out
+
+
+def tap(arguments: dict, taps: torch.Tensor) -> torch.Tensor:
+    """An exact zero ``[batch, heads, seq, value_dim]`` (as the outputs are held) that depends on ``taps`` ``[batch,
+    seq, ...state]`` as the later tokens' outputs read an addition to each state (`lightning_tap_readout`): added to
+    the outputs, the gradient of ``taps`` at ``t`` is the loss's by the state after ``t``."""
+    q, g = arguments["q"].detach(), arguments["g"].detach()
+    return (lightning_tap_readout(q, g, taps) - lightning_tap_readout(q, g, taps.detach())).transpose(1, 2)
 
 
 def state_shape(arguments: dict) -> tuple:
@@ -176,6 +223,9 @@ def effective_attention(arguments: dict, positions: Any, heads: Any, coefficient
 
 
 #: MiniMax's lightning attention (the forward's own block loop and decode loop).
-FAST = FastSpec("lightning attention", states, ("q", "k", "v", "g"), state_shape, one_pass=one_pass, state_tokens=("k", "v", "g"))
+FAST = FastSpec(
+    "lightning attention", states, ("q", "k", "v", "g"), state_shape, one_pass=one_pass, output_axis=2,
+    state_tokens=("k", "v", "g"), tap=tap, final_state=final_state,
+)
 #: MiniMax's lightning attention, prompt and decode step alike.
 EFFECTIVE = EffectiveSpec("lightning attention", effective_attention, "heads")

@@ -93,6 +93,13 @@ class FastSpec:
     starting: Callable[[torch.Tensor | None], dict] | None = None
     #: The final state the kernel returns as one of ``compute``'s own (``None``: the same already; RWKV-4's triple).
     leaving: Callable[[Any], torch.Tensor] | None = None
+    #: ``tap(arguments, taps)``: an exact zero in the kernel output's layout that depends on ``taps`` ``[batch, seq,
+    #: ...state]`` as the later tokens' outputs read an addition to each state; added to the call's output under autograd,
+    #: so a zero leaf's gradient at ``t`` is the loss's by the state after ``t`` (``states.grad``). ``None``: no tap.
+    tap: Callable[[dict, torch.Tensor], torch.Tensor] | None = None
+    #: ``final_state(arguments)``: the state after the run's last token as ``compute`` computes it, the others not kept,
+    #: where a call source has no kernel to run for it (lightning's forward). ``None``: the kernel's final state.
+    final_state: Callable[[dict], torch.Tensor] | None = None
 
     def __repr__(self) -> str:
         return f"FastSpec({self.name})"

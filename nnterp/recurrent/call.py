@@ -1,28 +1,24 @@
 """One record per call of a recurrent mixer, and the one order checker every per-token strategy uses.
 
-A worker reads in the order the model runs. A mixer's values of one call
-are served from that call's kernel call: its arguments (read once, when the
-kernel starts, and kept here so values computed from several of them can be
-read later), the states inside it, its return. `Call` keeps what the worker
-learnt of the call and what it has read and written; its checks raise
-`OrderError` naming the earlier read instead of letting nnsight drop a
-request for a moment already passed (nnsight only warns "never reached").
+A worker reads in the order the model runs. A mixer's values of one call are served from that call's kernel call:
+its arguments (read once, when the kernel starts, and kept here so values computed from several of them can be read
+later), the states inside it, its return. `Call` keeps what the worker learnt of the call and what it has read and
+written; its checks raise `OrderError` naming the earlier read instead of letting nnsight drop a request for a moment
+already passed (nnsight only warns "never reached").
 
 A mixer builds its record as a call source: `entry` reads the forward's inputs at the mixer's input, `at_start`
 the kernel call's arguments when it starts. The record then owns the kernel's named arguments: its signature table
 is resolved once (`table`), the arguments are served once, tokens first (`serve_all`, the layouts of
 `nnterp.recurrent.arguments`), and `serve` / `assign` read and write one by its table name. It also owns the state
 entering and leaving the call (`state_input`, `state_output` and their writes), the runs between writes
-(`segments`, over `runs_between_writes`) and token positions (`position`), for every strategy. Lightning attention,
-whose recurrence is its forward's own operations, builds its record from them (`forward_call.ForwardCall`).
+(`segments`, over `runs_between_writes`) and token positions (`position`), for every strategy. A call source ends or
+replaces the call with a result (`skip`, `replace`): a kernel call's by default; lightning attention, whose recurrence
+is its forward's own operations, is that call source's subclass (`forward_call.ForwardCall`).
 
-Every kind's order checks are the methods below (`Call.check_reachable` the
-one test they share), the MiniMax record's and the checks of a call's entry
-included: a kind raises `OrderError`, never nnsight's raw ``OutOfOrderError``
-naming an internal location; no other module raises it for a write's order.
-
-The record lives on the worker (`nnterp.core.calls.per_call`), so two
-invokes never share one and it is freed with its run.
+Every kind's order checks are the methods below (`Call.check_reachable` the one test they share), the MiniMax
+record's and the checks of a call's entry included: a kind raises `OrderError`, never nnsight's raw
+``OutOfOrderError`` naming an internal location; no other module raises it for a write's order. The record lives on
+the worker (`nnterp.core.calls.per_call`), so two invokes never share one and it is freed with its run.
 """
 
 from __future__ import annotations
@@ -64,9 +60,9 @@ MIXER_RAN = "the mixer's call had started (attention_output, state_output or a l
 
 
 def runs_between_writes(writes: dict, seq: int, initial: Any, stop: int | None = None) -> list[tuple[int, int, Any]]:
-    """``(lo, hi, start)`` runs of tokens ``[lo, hi)`` of a ``seq``-token call up to ``stop``, cut after every
-    write (``writes``: ``{position: state}``): the first run starts from ``initial`` (the state entering the
-    call), each later one from the state written before it."""
+    """``(lo, hi, start)`` runs of tokens ``[lo, hi)`` of a ``seq``-token call up to ``stop``, cut after every write
+    (``writes``: ``{position: state}``): the first from ``initial`` (the state entering the call), each later one
+    from the state written before it."""
     stop = seq if stop is None else stop
     runs, lo = [], 0
     for t in sorted(writes):
@@ -83,12 +79,10 @@ class Call:
     """What a worker knows of one call of a mixer: its kernel call, its arguments, what was read and written.
 
     Attributes:
-        kernel: the label of the kernel call that fires (``CHUNK_KERNEL`` or ``RECURRENT_KERNEL``).
-        op: that call's envoy (``mixer.source.<kernel>``).
+        kernel, op: the label of the kernel call that fires (``CHUNK_KERNEL`` or ``RECURRENT_KERNEL``) and its envoy.
         decodes: whether it is the one-token decode kernel.
         table: that kernel's signature table (``RECURRENT_ARGUMENTS`` on a decode step, else ``CHUNK_ARGUMENTS``).
-        args, kwargs: the kernel call's arguments, as written so far by the worker.
-        seq: the call's number of tokens.
+        args, kwargs, seq: the kernel call's arguments, as written so far by the worker; its number of tokens.
         expected: ``(shape, dtype, device)`` of one state of this call.
         output_at: how often the kernel had returned when the record was made.
         furthest: ``(position, what)``: the latest token a read or write reached.
@@ -157,16 +151,13 @@ class Call:
         return call
 
     @property
-    def arguments(self) -> tuple:
-        """``(args, kwargs)`` of the kernel call."""
+    def arguments(self) -> tuple:  # ``(args, kwargs)`` of the kernel call
         return self.args, self.kwargs
 
-    def occurrences(self, location: str) -> int:
-        """How often the run has passed ``location`` (a path ending in ``.input`` / ``.output``)."""
+    def occurrences(self, location: str) -> int:  # how often the run passed ``location`` (``….input`` / ``….output``)
         return mediator().occurrence(location)
 
-    def kernel_waiting(self) -> bool:
-        """Whether the kernel call has not started yet, so its arguments can still be rewritten."""
+    def kernel_waiting(self) -> bool:  # whether the kernel call has not started (its arguments can still be rewritten)
         return self.occurrences(f"{self.op.path}.input") <= self.started
 
     # -- the kernel's arguments by name --------------------------------------------------
@@ -202,6 +193,22 @@ class Call:
             self.served[name] = arguments.tokens_first(element, layout, self.served_under)
         # Later values of this call (betas from dt, ...) read the record, which now holds the write.
         Mediator.swap(f"{self.op.path}.input", self.arguments)
+
+    # -- the call source's result, replaced (a one pass, a split call): a kernel call's, a kind's record overrides --
+    def skip(self, result: Any) -> None:
+        """End the call with ``result``, the kernel's own return, the kernel call skipped (before it starts)."""
+        self.op.skip(result)
+
+    def replace(self, result: Any, waits: bool) -> None:
+        """Make ``result`` the kernel's return once it has run (``waits``: it has not yet been waited for)."""
+        if waits:
+            self.op.output
+        Mediator.swap(f"{self.op.path}.output", result)
+
+    def own_final(self) -> torch.Tensor | None:  # the final state the source computes itself, as the last of `states`
+        return None
+
+    kept = 0  # leading tokens whose outputs the call source keeps as it computed them: a split does not recompute them
 
     def segments(self, initial: Any, stop: int | None = None) -> list[tuple[int, int, Any]]:
         """The call's runs between its writes up to ``stop`` (`runs_between_writes`), the first from ``initial``."""
@@ -342,8 +349,7 @@ class Call:
         self.check_open(what)
         self.check_write_order(what, position, self.states_read, self.furthest, self.writes)
 
-    def check_first_write(self, what: str) -> None:
-        """Raise unless the kernel call has not started: a write that replaces the whole call (skips it) comes first."""
+    def check_first_write(self, what: str) -> None:  # a write that replaces the whole call (skips it) comes first
         self.check_not_started(what, "this call's kernel had already started (state_output, attention_output or a later value was read first)")
 
     def check_no_write(self, what: str) -> None:
@@ -374,12 +380,6 @@ class Call:
         """Raise if ``set_state_after`` changed the call: ``what`` is computed from the call as the forward ran it."""
         if self.writes:
             raise OrderError(f"{what} is the call's own: read it before set_state_after")
-
-    @staticmethod
-    def check_still_ahead(ahead: bool, what: str, passed: str) -> None:
-        """Raise unless ``ahead``: the location a write lands at (found by the caller) is still to come."""
-        if not ahead:
-            raise OrderError(order_hint(what, passed))
 
     @staticmethod
     def check_write_order(what: str, position: int, states_read: bool, furthest: tuple | None, writes: dict) -> None:

@@ -71,7 +71,8 @@ def gradient_reasons(mixer: Any, through_kernel: bool = False) -> dict[str, str 
             pass  # read through the served copy under autograd (Call.state_input)
         elif reason is None:
             reason = type(mixer).GRADIENTLESS.get(name, NEVER.get(name))
-        if reason is None and name == "states" and isinstance(strategy_for(mixer), FromArguments):
+        # A fast path whose spec has a tap (lightning's) serves states.grad: the call's output reads the states through it.
+        if reason is None and name == "states" and isinstance(strategy_for(mixer), FromArguments) and type(mixer).FAST.tap is None:
             reason = FAST_STATES
         if reason is None and name == "state_output" and needs_recurrent_routing(mixer) is not None:
             reason = FINAL_STATE

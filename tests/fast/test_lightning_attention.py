@@ -69,8 +69,9 @@ def test_the_spec_one_pass_reads_the_papers_outputs(fill):
     a, slope = served(False)
     want_out, want = lightning_recurrence(a["q"], a["k"], a["v"], slope)
     out = torch.full((B, T, H, K, V), float("nan"))
-    outputs, states = FAST.one_pass(a, out)
+    (outputs, final), states = FAST.one_pass(a, out)
     assert states is out and outputs.shape == (B, H, T, V), "heads first, as the forward holds them"
+    assert torch.equal(final, out[:, -1]), "the forward's own return: its final state is the last one"
     close(outputs.transpose(1, 2), want_out, "outputs")
     close(out, want, "states")
     assert FAST.one_pass(served(True)[0], out) is None, "the one pass starts from zeros"

@@ -38,6 +38,10 @@ from tests.reference import hf_oracles as hf
 from tests.reference.calls import counting
 from tests.suites.caches import of_kind
 
+#: The kinds whose kernel is a function or a method this file counts the runs of; a kind that runs its own (lightning
+#: attention's forward, `run_kernel`) has its one pass checked by counting its own operations (test_lightning_one_pass.py).
+COUNTED = [t for t in FAST if getattr(REGISTRY[t].MIXER, "run_kernel", None) is None]
+
 
 def kernel_body(model):
     """transformers' pure-torch body of the mixer's prompt kernel, read from the modeling module's binding (a
@@ -56,7 +60,7 @@ def plain_run(model, plain, ids):
         return of_kind(model.family.MIXER).prefill(plain, ids)
 
 
-@pytest.mark.parametrize("model_type", FAST)
+@pytest.mark.parametrize("model_type", COUNTED)
 def test_reading_every_layers_states_skips_the_kernel_and_keeps_the_forward(loaded, model_type):
     model, plain = loaded(model_type)
     ids = model.tokenizer(LONG, return_tensors="pt").input_ids
@@ -80,7 +84,7 @@ def test_reading_every_layers_states_skips_the_kernel_and_keeps_the_forward(load
     torch.testing.assert_close(states[0], first.float(), **tolerance(first))
 
 
-@pytest.mark.parametrize("model_type", FAST)
+@pytest.mark.parametrize("model_type", COUNTED)
 def test_with_one_pass_off_the_kernel_runs_and_the_answers_are_the_same(loaded, model_type, monkeypatch):
     model, _ = loaded(model_type)
     ids = model.tokenizer(LONG, return_tensors="pt").input_ids
@@ -97,7 +101,7 @@ def test_with_one_pass_off_the_kernel_runs_and_the_answers_are_the_same(loaded, 
     torch.testing.assert_close(one_logits, two_logits, **tolerance(two_logits))
 
 
-@pytest.mark.parametrize("model_type", FAST)
+@pytest.mark.parametrize("model_type", COUNTED)
 def test_a_generate_continues_from_the_one_pass_final_state(loaded, model_type):
     model, plain = loaded(model_type)
     ids = model.tokenizer(PROMPT, return_tensors="pt").input_ids
@@ -117,7 +121,7 @@ def test_a_generate_continues_from_the_one_pass_final_state(loaded, model_type):
 
 
 def test_two_invokes_sharing_a_call_run_the_kernel(loaded):
-    model, plain = loaded(FAST[0])
+    model, plain = loaded(COUNTED[0])
     layer = mixers(model)[0]
     with counting(kernel_body(model)) as calls, torch.no_grad(), model.trace() as tracer:
         with tracer.invoke(PROMPT):
@@ -134,12 +138,12 @@ def test_two_invokes_sharing_a_call_run_the_kernel(loaded):
 
 
 #: Mamba-1 and Mamba-2 families: transformers' torch kernel (a token loop, a chunk scan) is slower than the pass.
-RING = [t for t in FAST if issubclass(REGISTRY[t].MIXER, (SelectiveScan, StateSpace))]
+RING = [t for t in COUNTED if issubclass(REGISTRY[t].MIXER, (SelectiveScan, StateSpace))]
 #: RWKV-4's: its one pass is float32 only (its kernel mixes the model's dtype into the state's float32 updates).
-FLOAT32 = [t for t in FAST if issubclass(REGISTRY[t].MIXER, WKV)]
+FLOAT32 = [t for t in COUNTED if issubclass(REGISTRY[t].MIXER, WKV)]
 #: The delta rule's and the RG-LRU's families: transformers' torch kernels compute in float32 from any dtype and round
 #: their output only.
-DELTA = [t for t in FAST if t not in RING and t not in FLOAT32]
+DELTA = [t for t in COUNTED if t not in RING and t not in FLOAT32]
 
 
 @pytest.mark.parametrize("model_type", RING[:1] + FLOAT32)

@@ -77,6 +77,9 @@ ATTACHED = {
     ("rwkv", "fast", "set_state_after"): (73, 9, 39),
     ("recurrent_gemma", "fast", "states"): (100, 15, 51),
     ("recurrent_gemma", "fast", "set_state_after"): (83, 8, 41),
+    # Lightning attention's fast path, attached with `FromArguments` serving it (its own strategy too: the "routed" walks).
+    ("minimax", "fast", "states"): (139, 15, 52),
+    ("minimax", "fast", "set_state_after"): (60, 9, 27),
 }
 BASELINE = {**BEFORE, **ATTACHED}
 SLACK = 1.10
@@ -96,8 +99,8 @@ REACHED_SINCE: set = {
 MOVED = {
     ("minimax", "routed", "set_state_after"): (
         9,
-        "lightning's record and states moved from its component's satellites into the engine's layers "
-        "(recurrent/forward_call.py, recurrent/per_token/forward.py): 2 more files, 31 -> 32 hops",
+        "lightning's record moved from its component's satellites into the engine's layers (recurrent/forward_call.py), "
+        "and its writes go through RecurrentMixer's delegation to FromArguments as every kind's: 2 more files, 31 -> 27 hops",
     ),
 }
 #: The walks that meet their target (hard assertions): those that met it before, and `REACHED_SINCE`.
@@ -139,6 +142,16 @@ def test_a_write_walks_its_strategy_the_record_and_its_component(walks, model_ty
     assert f"recurrent/per_token/{strategy}.py" in entered and "recurrent/call.py" in entered
     assert entered & STRATEGIES == {f"recurrent/per_token/{strategy}.py"}
     assert entered - SHARED - STRATEGIES <= {f"components/{component}.py"}
+
+
+def test_lightnings_write_walks_from_arguments_its_record_and_its_own_files(walks):
+    # Lightning attention has no kernel function: its split runs its forward's recurrence (its component's run_kernel,
+    # `nnterp.fast.lightning_attention`) and lands in its record (ForwardCall), inside FromArguments, no other strategy.
+    entered = set(walks["minimax", "fast", "set_state_after"]["files"])
+    assert {"recurrent/per_token/from_arguments.py", "recurrent/call.py", "recurrent/forward_call.py"} <= entered
+    assert entered & STRATEGIES == {"recurrent/per_token/from_arguments.py"}
+    own = {"components/lightning_attention.py", "recurrent/forward_call.py", "fast/lightning_attention.py", "fast/scan.py"}
+    assert entered - SHARED - STRATEGIES <= own
 
 
 @pytest.mark.parametrize("key", KEYS, ids=[_id(key) for key in KEYS])

@@ -13,10 +13,9 @@ worker can reach depends on the kernel that runs:
   (``fast_states(model)``): the states are computed from the kernel call's own
   arguments by `nnterp.fast`, and writes split the kernel call.
 
-Lightning attention, whose recurrence is its forward's own operations (no
-kernel call), serves its states the `FromArguments` way from the forward's
-q, k, v and decays (`FromForward`, ``forward.py``), which its component
-calls directly: `strategy_for` does not choose it.
+A kind whose states are always computed from its call's arguments
+(``STATES_FROM_ARGUMENTS`` with a ``FAST`` spec: lightning attention, whose
+recurrence is its forward's own operations) has `FromArguments` as its own.
 
 Each serves ``states``, ``state_after(t)``, ``set_state_after(t, value)`` and
 ``state`` (`PerToken`, ``protocol.py``) on one call of one mixer, keeping what
@@ -40,20 +39,22 @@ import torch
 from ..kernels import unreadable_call
 from ..settings import PER_TOKEN, generating
 from .boundaries import CHUNK_BOUNDARIES, ChunkBoundaries
-from .forward import FROM_FORWARD, FromForward
 from .from_arguments import FROM_ARGUMENTS, FromArguments
 from .loop import TOKEN_LOOP, TokenLoop
 from .protocol import Mixer, PerToken, TokenOp
 
 __all__ = [
-    "Mixer", "PerToken", "TokenLoop", "ChunkBoundaries", "FromArguments", "FromForward", "OwnStateAfter", "TOKEN_LOOP", "OWN_STATE_AFTER", "FROM_FORWARD",
+    "Mixer", "PerToken", "TokenLoop", "ChunkBoundaries", "FromArguments", "OwnStateAfter", "TOKEN_LOOP", "OWN_STATE_AFTER", "FROM_ARGUMENTS",
     "strategy_for", "iteration_strategy", "per_token_reason", "iteration_reason", "effective_reason", "every_state",
     "iterated_state", "assign_iterated_state", "token_state_op", "token_op",
 ]
 
 
 def default_strategy(mixer: Mixer) -> PerToken:
-    """The component's own way: `ChunkBoundaries` for a chunked scan (Mamba-2), `TokenLoop` otherwise."""
+    """The component's own way: `ChunkBoundaries` for a chunked scan (Mamba-2), `FromArguments` for a kind whose
+    states are always its fast path's (``STATES_FROM_ARGUMENTS``, lightning attention), `TokenLoop` otherwise."""
+    if getattr(type(mixer), "STATES_FROM_ARGUMENTS", False) and type(mixer).FAST is not None:
+        return FROM_ARGUMENTS
     return CHUNK_BOUNDARIES if type(mixer).CHUNKED_SCAN else TOKEN_LOOP
 
 

@@ -37,6 +37,13 @@ and:
 On a one-token decode step, ``states`` is the step's new state
 (``state_output``) and ``set_state_after(0, v)`` replaces it.
 
+A call source with no function to cut (lightning attention, whose record is
+its forward's own operations: `nnterp.recurrent.forward_call`) runs its own
+kernel on a part (the mixer's ``run_kernel``) and ends the call through its
+record (`Call.skip`, `Call.replace`, which keeps the outputs of `Call.kept`
+tokens). A spec with a ``tap`` serves ``states`` under autograd as a zero
+leaf the call's output reads (`tapped`), so ``states.grad`` is the loss's.
+
 Differences from the routed path, all deliberate: states equal it within
 float32 rounding, not bit for bit, in a bfloat16 model too (`nnterp.fast.state_space`:
 Mamba-2's time step is rounded as the kernel rounds it); under autograd they
@@ -53,14 +60,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from nnsight.intervention.interleaver import Mediator
 
 from ...core.calls import mediator
 from ...core.errors import Unavailable
 from ...core.values import check_expected, replace_in
 from ...fast.buffers import empty_states
 from ..call import Call
-from ..gradients import recording, records_any
+from ..gradients import fill, recording, records_any, tap
 from ..kernels import runs_pure_torch
 from ..settings import states_dtype
 from .protocol import Mixer, PerToken
@@ -107,6 +113,9 @@ class FromArguments(PerToken):
     def _run_kernel(self, mixer: Mixer, call: Call, lo: int, hi: int, initial: Any, final: bool) -> Any:
         """The bound kernel (whatever it is) on tokens ``[lo, hi)`` of the call, from ``initial``."""
         cls = type(mixer)
+        if getattr(cls, "run_kernel", None) is not None:
+            # A call source with no function to cut the arguments of runs its own (lightning: its forward's recurrence).
+            return mixer.run_kernel(call, lo, hi, initial)
         if ONE_PASS and cls.FAST.ring and runs_pure_torch(mixer) and not recording(initial):
             arguments = piece(cls.FAST, call.strategy["named"], lo, hi, initial)
             if not torch.is_grad_enabled() or not any(recording(x) for x in arguments.values()):  # (asked once when off)
@@ -138,6 +147,10 @@ class FromArguments(PerToken):
         arguments = call.strategy["named"]
         shape = spec.state_shape(arguments)
         differentiable = records_any(arguments.values())
+        # A spec with a tap, read before its call runs unchanged: the states are a leaf the call's output reads through
+        # an exact zero (`tapped`), so a loss on the model's output reaches them; computed as without autograd.
+        tapped = differentiable and spec.tap is not None and not call.writes and not call.strategy["served"] and call.kernel_waiting()
+        differentiable = differentiable and not tapped
         # Without autograd, into the reused buffer with no graph; with it, into a fresh tensor, as a function of the
         # arguments (a loss on the states reaches them). The kernel never reads these states, so no later loss does.
         out = self._buffer((shape[0], call.seq, *shape[1:]), call.expected[2], differentiable, states_dtype(mixer))
@@ -147,9 +160,22 @@ class FromArguments(PerToken):
                 spec.compute(piece(spec, arguments, lo, hi, initial), out[:, lo:hi])
         for t, value in call.writes.items():
             out[:, t] = value
+        final = None if call.writes or call.strategy["served"] else call.own_final()
+        if final is not None:
+            out[:, -1] = final  # the call's own last state (lightning's forward's): state_output bit for bit
         call.states_read = True
         call.advance(call.seq - 1, "states")
-        return out
+        return self.tapped(call, spec, arguments, out) if tapped else out
+
+    @staticmethod
+    def tapped(call: Call, spec: Any, arguments: dict, out: torch.Tensor) -> torch.Tensor:
+        """``out`` as a zero leaf filled with the states (`gradients.tap`), its readout by the later tokens (the spec's
+        ``tap``: an exact zero) added to the call's output: ``.grad[:, t]`` is the loss's by the state after ``t``."""
+        leaf = fill(tap(tuple(out.shape), out), out.detach())
+        # The record adds the zero to the output the forward goes on with (`ForwardCall.graft`; a kernel-call record
+        # with a tapped spec would add it to its kernel's return).
+        call.graft(spec.tap(arguments, leaf))
+        return leaf
 
     def state_after(self, mixer: Mixer, t: int) -> torch.Tensor:
         what = f"state_after({t})"
@@ -160,9 +186,14 @@ class FromArguments(PerToken):
         if position in call.writes:
             return call.writes[position]
         lo, hi, initial = self.segments(call, position + 1)[-1]
-        final = self._run_kernel(mixer, call, lo, hi, initial, True)[type(mixer).FINAL_STATE]
-        if type(mixer).FAST.leaving is not None:
-            final = type(mixer).FAST.leaving(final)  # the kernel's own format (RWKV-4's triple) as one of the states
+        spec = type(mixer).FAST
+        if spec.final_state is not None:
+            # The spec's own (lightning's: its source has no kernel to run on a part): as `states` computes it.
+            final = spec.final_state(piece(spec, call.strategy["named"], lo, hi, initial))
+        else:
+            final = self._run_kernel(mixer, call, lo, hi, initial, True)[type(mixer).FINAL_STATE]
+        if spec.leaving is not None:
+            final = spec.leaving(final)  # the kernel's own format (RWKV-4's triple) as one of the states
         call.advance(position, what)
         call.strategy.setdefault("read", {})[position] = final
         return final
@@ -239,23 +270,37 @@ class FromArguments(PerToken):
         call.strategy["entering"] = value  # where every run of the call starts (`segments`)
         self._serve(mixer, call)
 
+    def assign_argument(self, mixer: Mixer, name: str, value: Any) -> None:
+        """Replace argument ``name`` of a call whose source does not read it as served (lightning's ``decays``: its
+        forward reads its own buffers): the record keeps it (`Call.assign`) and the call is served as a write's split
+        is, every run from the written arguments."""
+        what = f"a write to `linear_attn.{name}`"
+        call = self.record(mixer, what)
+        call.check_open(what)
+        call.assign(name, value)
+        call.strategy["named"][name] = call.serve(name)
+        self._serve(mixer, call)
+
     def _serve(self, mixer: Mixer, call: Call) -> None:
         """Make the call return what its writes make of it: the kernel call skipped with it, or, where another
         invoke shares the call (a skip must cover every row, and the others may not write), the kernel run and
         this invoke's rows of its output replaced."""
         result = self._split_result(mixer, call)
         if not call.strategy["served"] and covers_the_batch():
-            call.op.skip(result)
+            call.skip(result)
         else:
-            if not call.strategy["served"]:
-                call.op.output
-            Mediator.swap(f"{call.op.path}.output", result)
+            call.replace(result, waits=not call.strategy["served"])
         call.strategy["served"] = True
 
     def _split_result(self, mixer: Mixer, call: Call) -> Any:
         """What the call returns with its writes: the segments' outputs, and the final state."""
         flag = bool(call.strategy["named"].get("final") or False)
-        results = [self._run_kernel(mixer, call, lo, hi, initial, flag) for lo, hi, initial in self.segments(call)]
+        runs = self.segments(call)
+        while len(runs) > 1 and runs[0][1] <= call.kept:
+            # A run wholly within `Call.kept` keeps the call source's own outputs (lightning's forward runs its loop
+            # anyway): not recomputed; the last run always is (it gives the final state).
+            runs = runs[1:]
+        results = [self._run_kernel(mixer, call, lo, hi, initial, flag) for lo, hi, initial in runs]
         axis = type(mixer).FAST.output_axis
         if not isinstance(results[-1], tuple):
             return torch.cat(results, dim=axis)  # a kernel returning its output only (no final state asked)
@@ -306,7 +351,7 @@ def one_pass(mixer: Mixer, call: Call, run: Any, arguments: dict, out: Any) -> t
         done = run(arguments, out)
     if done is None:
         return None
-    call.op.skip(done[0])
+    call.skip(done[0])
     call.strategy["served"] = True
     return done[1]
 

@@ -99,8 +99,9 @@ class Mixer(Protocol):
         module, or a method call's method bound to its module (the RG-LRU's ``_rnn_scan``); a split call runs it."""
 
     def run_kernel(self, call: Call, lo: int, hi: int, initial: Any) -> Any:
-        """A method-call source's kernel (the mLSTM's backend) on tokens ``[lo, hi)`` of ``call``, from ``initial``:
-        its own return, so a split call is its parts' returns joined."""
+        """A call source's own kernel (the mLSTM's backend, lightning attention's forward recurrence; `FromArguments`
+        runs it where the mixer has one) on tokens ``[lo, hi)`` of ``call``, from ``initial``: its own return, so a
+        split call is its parts' returns joined."""
 
     def cache_window(self) -> torch.Tensor | None:
         """A short convolution's cache window buffer, written in place (``None`` without a cache)."""
