@@ -25,7 +25,10 @@ specs built from them (``FAST``, ``EFFECTIVE``):
 * ``resume(arguments, initial, result)``: only for a kernel that takes no
   initial state (Mamba-1's always starts from zeros): its ``result`` on
   ``arguments``, turned into what it would have returned starting from
-  ``initial`` (exact: the recurrence is linear in its start state).
+  ``initial`` (exact: the recurrence is linear in its start state);
+* ``tapped(arguments, tap)``: ``(states, output)``, the kernel's output
+  recomputed with autograd through the states, each plus a zero ``tap``, so
+  the output's gradient reaches the state after every token (the mLSTM's).
 
 A `FastSpec` also says which arguments carry one entry per token (``tokens``:
 a call is split at a position by slicing these), the token axis of the
@@ -93,6 +96,15 @@ class FastSpec:
     starting: Callable[[torch.Tensor | None], dict] | None = None
     #: The final state the kernel returns as one of ``compute``'s own (``None``: the same already; RWKV-4's triple).
     leaving: Callable[[Any], torch.Tensor] | None = None
+    #: The inverse of ``leaving``, where the kernel returns its final state in another format than ``starting`` passes
+    #: it (the mLSTM takes one packed state through its table and returns ``(C, n, m)``); ``None``: as ``starting``'s.
+    returned: Callable[[torch.Tensor], Any] | None = None
+    #: ``tapped(arguments, tap) -> (states, output)``: the kernel's output (its own layout) recomputed with autograd
+    #: from ``arguments``, ``tap`` (a zero leaf of the states' shape ``[batch, seq, ...state]``) added to each token's
+    #: state after that token's own readout, and the states. A loss on the output then reaches ``tap`` at ``t`` as its
+    #: derivative by the state after ``t``: where a spec has it, ``states.grad`` is served under autograd
+    #: (`nnterp.recurrent.per_token.from_arguments`). ``None``: the states are computed beside the kernel only.
+    tapped: Callable[[dict, torch.Tensor], tuple] | None = None
 
     def __repr__(self) -> str:
         return f"FastSpec({self.name})"
@@ -107,6 +119,10 @@ class FastSpec:
     def starting_from(self, state: torch.Tensor | None) -> dict:
         """The arguments that make ``compute`` start from ``state`` (one of its own, ``[batch, ...state]``; ``None``: zeros)."""
         return self.starting(state) if self.starting is not None else {"state": state}
+
+    def returned_state(self, state: torch.Tensor) -> Any:
+        """``state`` (one of ``compute``'s own) as the kernel returns its final state."""
+        return self.returned(state) if self.returned is not None else self.starting_from(state)["state"]
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,8 @@ def gradient_reasons(mixer: Any, through_kernel: bool = False) -> dict[str, str 
         elif reason is None:
             reason = type(mixer).GRADIENTLESS.get(name, NEVER.get(name))
         if reason is None and name == "states" and isinstance(strategy_for(mixer), FromArguments):
-            reason = FAST_STATES
+            # A spec that recomputes the kernel's output through tapped states serves states.grad (read before it runs).
+            reason = FAST_STATES if type(mixer).FAST is None or type(mixer).FAST.tapped is None else None
         if reason is None and name == "state_output" and needs_recurrent_routing(mixer) is not None:
             reason = FINAL_STATE
         reasons[name] = reason

@@ -53,8 +53,15 @@ __all__ = [
 
 
 def default_strategy(mixer: Mixer) -> PerToken:
-    """The component's own way: `ChunkBoundaries` for a chunked scan (Mamba-2), `TokenLoop` otherwise."""
-    return CHUNK_BOUNDARIES if type(mixer).CHUNKED_SCAN else TOKEN_LOOP
+    """The component's own way: `ChunkBoundaries` for a chunked scan (Mamba-2), `FromArguments` for a kind whose
+    kernel has no per-token location and that has a fast path (``STATES_FROM_ARGUMENTS``: the mLSTM), `TokenLoop`
+    otherwise."""
+    if type(mixer).CHUNKED_SCAN:
+        return CHUNK_BOUNDARIES
+    # Declared by the few kinds it concerns (`Mixer.STATES_FROM_ARGUMENTS`), hence read with a default.
+    if getattr(type(mixer), "STATES_FROM_ARGUMENTS", False) and type(mixer).FAST is not None:
+        return FROM_ARGUMENTS
+    return TOKEN_LOOP
 
 
 def strategy_for(mixer: Mixer) -> PerToken:
@@ -64,7 +71,7 @@ def strategy_for(mixer: Mixer) -> PerToken:
     ``chunk_per_token(model)`` -> `ChunkBoundaries`; otherwise the component's
     own (`default_strategy`): `TokenLoop` for the DeltaNets and Mamba-1 (served
     once the family is routed), `ChunkBoundaries` for Mamba-2 (which says to
-    call ``chunk_per_token`` until it is).
+    call ``chunk_per_token`` until it is), `FromArguments` for the mLSTM.
     """
     setting = mixer.__dict__.get(PER_TOKEN)  # `per_token_setting`, read here: asked by a value's check and its compute
     if setting == "fast":

@@ -43,13 +43,17 @@ Mamba-2's time step is rounded as the kernel rounds it); under autograd they
 are a function of the kernel's arguments (a loss on them reaches the
 arguments), but the kernel never reads them, so a loss on the model's output
 has no gradient by them (route, or ``chunk_per_token`` on Mamba-2, for that;
-``set_state_after`` targets do get one, the split kernel reads them); a read after a write in
+``set_state_after`` targets do get one, the split kernel reads them), except
+where the spec has ``tapped`` (the mLSTM): read before the kernel runs, the
+states are then a leaf the call's output is read through (`_tapped`), and
+``states.grad`` is the loss's derivative by them; a read after a write in
 the same call is allowed and sees the write. ``state`` under ``tracer.iter`` is not served here (there
 is no per-token location): it stays the component's own strategy.
 """
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -60,13 +64,15 @@ from ...core.errors import Unavailable
 from ...core.values import check_expected, replace_in
 from ...fast.buffers import empty_states
 from ..call import Call
-from ..gradients import recording, records_any
+from ..gradients import fill, graft, recording, records_any, tap
 from ..kernels import runs_pure_torch
 from ..settings import states_dtype
 from .protocol import Mixer, PerToken
 
 #: Tokens whose states `FromArguments.states_of` computes at once (its memory beyond the selection).
 SELECTION_BLOCK = 64
+#: Where `FromArguments.states` keeps the states a one pass filled, in the call's per-strategy data.
+ONE_PASS_STATES = "one_pass"
 #: Whether ``states`` computes a pure-torch kernel's output with the states and skips the call (measured faster
 #: on every kind that has a one pass: docs/performance.md times both), on every kind (`one_pass`: the fast path's,
 #: RWKV-4's token loop, the mLSTM's backend). ``False``: the kernel runs, then a second pass.
@@ -91,8 +97,10 @@ class FromArguments(PerToken):
         mediator(f"`linear_attn.{what}`")
         call = mixer.record()
         if not call.decodes and "named" not in call.strategy:
-            # Tokens first (the layouts applied), as the spec takes them (the prompt kernel's table: not decoding).
-            arguments = dict(call.serve_all())
+            # Tokens first (the layouts applied), as the spec takes them (the prompt kernel's table: not decoding), with
+            # the module's constants the spec reads beside them (the mLSTM backend's eps).
+            module = mixer.hf_module()
+            arguments = {**call.serve_all(), **{name: attrgetter(path)(module) for name, path in type(mixer).FAST_CONSTANTS.items()}}
             # The entering state as one of the spec's own states, a copy: a continued cache's buffer, which the cache
             # overwrites after the kernel returns. Every run of the call starts from one of those (`piece`, `cut`).
             entering = type(mixer).FAST.entering_state(arguments)
@@ -138,10 +146,14 @@ class FromArguments(PerToken):
         arguments = call.strategy["named"]
         shape = spec.state_shape(arguments)
         differentiable = records_any(arguments.values())
+        if differentiable and spec.tapped is not None and not call.writes and call.kernel_waiting():
+            return self._tapped(mixer, call, shape)
         # Without autograd, into the reused buffer with no graph; with it, into a fresh tensor, as a function of the
         # arguments (a loss on the states reaches them). The kernel never reads these states, so no later loss does.
         out = self._buffer((shape[0], call.seq, *shape[1:]), call.expected[2], differentiable, states_dtype(mixer))
         done = one_pass(mixer, call, spec.one_pass, arguments, out) if not differentiable else None
+        if done is not None and out.dtype == torch.float32:
+            call.strategy[ONE_PASS_STATES] = out  # the call was skipped: `state_after` reads these, not the kernel again
         with torch.enable_grad() if differentiable else torch.no_grad():
             for lo, hi, initial in self.segments(call) if done is None else ():
                 spec.compute(piece(spec, arguments, lo, hi, initial), out[:, lo:hi])
@@ -151,6 +163,29 @@ class FromArguments(PerToken):
         call.advance(call.seq - 1, "states")
         return out
 
+    def _tapped(self, mixer: Mixer, call: Call, shape: tuple) -> torch.Tensor:
+        """``states`` under autograd, read before the kernel runs, for a spec that has ``tapped`` (the mLSTM's): a
+        leaf the call's output is read through, so ``states.grad`` is the loss's derivative by every token's state.
+
+        The kernel runs as it would; its output is then replaced by the spec's recomputation through the states
+        plus the zero leaf (`tap`), grafted onto the kernel's own values (`graft`: the same numbers bit for bit), so
+        the gradient reaches the leaf at every token, through the later tokens too, and the call's arguments through
+        the recurrence. The leaf holds the states as computed without autograd (`fill`).
+        """
+        spec, arguments = type(mixer).FAST, call.strategy["named"]
+        with torch.no_grad():
+            values = self._buffer((shape[0], call.seq, *shape[1:]), call.expected[2], False, states_dtype(mixer))
+            for lo, hi, initial in self.segments(call):
+                spec.compute(piece(spec, arguments, lo, hi, initial), values[:, lo:hi])
+        leaf = tap(values.shape, values)
+        mine = spec.tapped(arguments, leaf)[1]
+        output = call.op.output  # the kernel has run: its output (element 0 of a tuple) is what the forward reads on
+        own = output[0] if isinstance(output, tuple) else output
+        call.op.output = replace_in(output, 0 if isinstance(output, tuple) else None, graft(mine, mine, own))
+        call.states_read = True
+        call.advance(call.seq - 1, "states")
+        return fill(leaf, values)
+
     def state_after(self, mixer: Mixer, t: int) -> torch.Tensor:
         what = f"state_after({t})"
         call = self.record(mixer, what)
@@ -159,10 +194,14 @@ class FromArguments(PerToken):
             return mixer.read_state_output()
         if position in call.writes:
             return call.writes[position]
-        lo, hi, initial = self.segments(call, position + 1)[-1]
-        final = self._run_kernel(mixer, call, lo, hi, initial, True)[type(mixer).FINAL_STATE]
-        if type(mixer).FAST.leaving is not None:
-            final = type(mixer).FAST.leaving(final)  # the kernel's own format (RWKV-4's triple) as one of the states
+        kept = call.strategy.get(ONE_PASS_STATES)
+        if kept is not None:
+            final = kept[:, position].clone()  # a copy: the buffer is the reused pool's
+        else:
+            lo, hi, initial = self.segments(call, position + 1)[-1]
+            final = self._run_kernel(mixer, call, lo, hi, initial, True)[type(mixer).FINAL_STATE]
+            if type(mixer).FAST.leaving is not None:
+                final = type(mixer).FAST.leaving(final)  # the kernel's own format (RWKV-4's triple) as one of the states
         call.advance(position, what)
         call.strategy.setdefault("read", {})[position] = final
         return final
@@ -266,7 +305,7 @@ class FromArguments(PerToken):
             # kernel returns one whenever it is given one, and the forward would store it in a cache it lacks).
             return replace_in(result, index, None)
         if call.seq - 1 in call.writes and result[index] is not None:
-            result = replace_in(result, index, starting(type(mixer).FAST, call.writes[call.seq - 1])["state"])
+            result = replace_in(result, index, type(mixer).FAST.returned_state(call.writes[call.seq - 1]))
         return result
 
     def state(self, mixer: Mixer) -> torch.Tensor:
