@@ -139,14 +139,16 @@ def test_the_walks_are_every_kind_under_its_own_settings(walks):
         ("mamba2", "chunks", "boundaries", "state_space"),
         ("qwen3_5_text", "routed", "loop", "gated_deltanet"),
         ("qwen3_5_text", "fast", "from_arguments", "gated_deltanet"),
+        ("xlstm", "fast", "from_arguments", "mlstm"),
     ],
-    ids=["mamba2-chunk-boundaries", "deltanet-token-loop", "deltanet-from-arguments"],
+    ids=["mamba2-chunk-boundaries", "deltanet-token-loop", "deltanet-from-arguments", "mlstm-from-arguments"],
 )
 def test_a_write_walks_its_strategy_the_record_and_its_component(walks, model_type, setting, strategy, component):
     entered = set(walks[model_type, setting, "set_state_after"]["files"])
     assert f"recurrent/per_token/{strategy}.py" in entered and "recurrent/call.py" in entered
     assert entered & STRATEGIES == {f"recurrent/per_token/{strategy}.py"}
-    assert entered - SHARED - STRATEGIES <= {f"components/{component}.py"}
+    # The kind's own files: its component and its file of nnterp.fast (the mLSTM's packed state's layout).
+    assert entered - SHARED - STRATEGIES <= {f"components/{component}.py", f"fast/{component}.py"}
 
 
 @pytest.mark.parametrize("key", KEYS, ids=[_id(key) for key in KEYS])
