@@ -75,7 +75,7 @@ SELECTION_BLOCK = 64
 ONE_PASS_STATES = "one_pass"
 #: Whether ``states`` computes a pure-torch kernel's output with the states and skips the call (measured faster
 #: on every kind that has a one pass: docs/performance.md times both), on every kind (`one_pass`: the fast path's,
-#: RWKV-4's token loop, the mLSTM's backend). ``False``: the kernel runs, then a second pass.
+#: the mLSTM's backend too; RWKV-4's token loop). ``False``: the kernel runs, then a second pass.
 ONE_PASS = True
 
 
@@ -100,7 +100,8 @@ class FromArguments(PerToken):
             # Tokens first (the layouts applied), as the spec takes them (the prompt kernel's table: not decoding), with
             # the module's constants the spec reads beside them (the mLSTM backend's eps).
             module = mixer.hf_module()
-            arguments = {**call.serve_all(), **{name: attrgetter(path)(module) for name, path in type(mixer).FAST_CONSTANTS.items()}}
+            constants = {name: attrgetter(path)(module) for name, path in type(mixer).FAST_CONSTANTS.items()}
+            arguments = {**call.serve_all(), **constants}
             # The entering state as one of the spec's own states, a copy: a continued cache's buffer, which the cache
             # overwrites after the kernel returns. Every run of the call starts from one of those (`piece`, `cut`).
             entering = type(mixer).FAST.entering_state(arguments)
