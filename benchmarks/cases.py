@@ -44,7 +44,7 @@ OWN_TWO_PASSES = "own strategy with one_pass off: the forward's own recurrence, 
 
 
 #: ``{mixer component: the module of its one-pass switch}``, for every registered recurrent kind timed on its own
-#: strategy (no fast path) whose own strategy has a one pass (``OWN_ONE_PASS``: the mLSTM's backend); every one pass is
+#: strategy (no fast path) whose own strategy has a one pass (lightning attention's); every one pass is
 #: switched by `from_arguments.ONE_PASS` (a kind with a fast path is timed with it: ``TWO_PASSES``).
 OWN_ONE_PASSES = {
     kind: from_arguments
@@ -114,9 +114,10 @@ class Paths:
 
     ``routed``: the spec's per-token path (routing; Mamba-2: a chunk size of
     one); ``fast``: ``fast_states``; ``own``: the kinds whose ``states`` need
-    no setting (`support()` says available) and that have no fast path, timed
-    as they are (their own strategy: the forward's token loop, or states
-    computed from the call's arguments).
+    no setting (`support()` says available) and that have no fast path, or
+    whose own strategy is the fast path's (the mLSTM), timed as they are
+    (their own strategy: the forward's token loop, or states computed from
+    the call's arguments).
     """
 
     def __init__(self, model: Any) -> None:
@@ -124,7 +125,9 @@ class Paths:
         self.kind = model.family.NAME
         self.stack = ExitStack()
         self.has_fast = any(getattr(type(mix), "FAST", None) is not None for mix in mixers(model))
-        self.own = not self.has_fast and all(_states_value(mix).reason(mix) is None for mix in mixers(model))
+        # A kind whose own strategy is the fast path's (``STATES_FROM_ARGUMENTS``: the mLSTM) has no routed path.
+        own_is_fast = self.has_fast and all(getattr(type(mix), "STATES_FROM_ARGUMENTS", False) for mix in mixers(model))
+        self.own = (own_is_fast or not self.has_fast) and all(_states_value(mix).reason(mix) is None for mix in mixers(model))
         self.one_pass = next((switch for kind, switch in OWN_ONE_PASSES.items() if any(isinstance(mix, kind) for mix in mixers(model))), None)
 
     def routed(self) -> None:

@@ -63,6 +63,8 @@ def settings_of(model_type: str) -> list:
     from nnterp.families import REGISTRY
 
     mixer = REGISTRY[model_type].MIXER
+    if getattr(mixer, "STATES_FROM_ARGUMENTS", False) and mixer.FAST is not None:
+        return ["fast"]  # its own strategy is the fast path's (the mLSTM's): one walk, the same code under any setting
     own = "chunks" if mixer.CHUNKED_SCAN else "plain" if mixer.ONE_STEP_DECODE else "routed"
     return [own] + (["fast"] if mixer.FAST is not None else [])
 

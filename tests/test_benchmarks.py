@@ -47,7 +47,7 @@ def test_its_own_one_pass_rows_follow_the_components_switches(results):
     from benchmarks import cases
     from nnterp.families import REGISTRY
 
-    assert cases.OWN_ONE_PASSES, "lightning attention and the mLSTM each have their own one pass (RWKV-4: a fast path's)"
+    assert cases.OWN_ONE_PASSES, "lightning attention has its own one pass (RWKV-4 and the mLSTM: a fast path's)"
     for kind, switch in cases.OWN_ONE_PASSES.items():
         assert kind.FAST is None and switch.ONE_PASS is True, kind.__name__
     configs = models.configs(True)
@@ -101,6 +101,25 @@ def test_kinds_without_a_fast_path_time_their_own_strategy_and_say_why(results):
         assert any(note.startswith("No routed rows: ") and "Own strategy: " in note for note in notes), name
         assert notes[0] in text
     assert "| states, own strategy |" in text and "peak memory of the read, own strategy" in text
+
+
+def test_kinds_whose_own_strategy_is_the_fast_path_time_it_as_both_and_nothing_routed(results):
+    from nnterp.families import REGISTRY
+
+    found, _ = results
+    kinds = [
+        name for name, config in models.configs(True).items()
+        if getattr(REGISTRY[type(config).model_type].MIXER, "STATES_FROM_ARGUMENTS", False)
+        and REGISTRY[type(config).model_type].MIXER.FAST is not None
+    ]
+    assert kinds, "the mLSTM's own strategy is FromArguments"
+    for name in kinds:
+        family = found["families"][name]
+        assert family["fast"] and family["own"], name
+        for length, data in family["lengths"].items():
+            assert not any("routed" in row for row in data["rows"]), (name, length)
+            assert {"states, own strategy", "states, fast path"} <= set(data["rows"]), (name, length)
+            assert data["checks"]["own_last_vs_state_output"] < 1e-5, (name, length)
 
 
 def test_the_report_carries_the_command_the_machine_and_the_targets(results):

@@ -35,9 +35,12 @@ Values, all tokens first (``seq`` is this call's tokens, one on a decode step):
   the kernel treats as no state). Assign it to continue from another.
 * ``state_output``: the packed state after the call's last token; writable.
 * ``states`` ``[batch, seq, mixer_heads, key_dim, state_columns]``,
-  ``state_after(t)``, ``set_state_after(t, value)``: computed from the call's
-  arguments (the kernel keeps only chunk boundaries); a write splits the
-  backend call at ``t``. ``state`` under ``tracer.iter`` is unavailable.
+  ``state_after(t)``, ``set_state_after(t, value)``: served by `FromArguments`,
+  whatever the setting (the kernel keeps only chunk boundaries): the states
+  computed from the call's arguments (``FAST``, `nnterp.fast.mlstm`),
+  ``state_after(t)`` the backend's final state on the tokens up to ``t``; a
+  write splits the backend call at ``t``. ``state`` under ``tracer.iter`` is
+  unavailable.
 * ``effective_attention`` ``[batch, mixer_heads, seq, seq]``: exact, given the
   gates and each token's normalizer denominator, ``h_t = Σ_s A[t, s] v_s`` plus
   ``state_input_readout`` ``[batch, seq, mixer_heads, value_dim]`` (the entering
@@ -70,13 +73,14 @@ from ..core.dims import BATCH, KEY_DIM, MIXER_HEADS, SEQ, STATE_COLUMNS, Gates, 
 from ..core.errors import Unavailable
 from ..core.values import DerivedEProperty, Unwrap, check_expected, replace_in
 from ..fast.mlstm import EFFECTIVE as MLSTM_ATTENTION
-from ..fast.mlstm import mlstm_one_pass, pack, unpack
+from ..fast.mlstm import FAST as MLSTM_FAST
+from ..fast.mlstm import pack, unpack
 from ..recurrent.arguments import HEADS_FIRST, SAME, kernel_waiting
 from ..recurrent.call import Call
 from ..recurrent.gradients import graft, recording
 from ..recurrent.kernels import modeling_of, needs_torch_kernels
 from ..recurrent.labels import call_label
-from ..recurrent.per_token.split_call import SPLIT_CALL
+from ..recurrent.per_token import every_state
 from .recurrent import RecurrentMixer, kernel, kernel_argument
 
 Keys = Float[Tensor, f"{BATCH} {SEQ} {MIXER_HEADS} {KEY_DIM}"]
@@ -105,16 +109,6 @@ def backend_state(state: torch.Tensor | None, dtype: torch.dtype) -> tuple:
     return tuple(x.to(dtype) for x in unpack(state))
 
 
-def _one_pass(a: dict, out: torch.Tensor) -> tuple | None:
-    """The backend's return ``(h, (C, n, m))`` and every state (`nnterp.fast.mlstm.mlstm_one_pass`), on a float32
-    prompt: each block of states is read by its queries while still in cache. Not on one token (a decode step runs
-    the one-step kernel, whose bits the cache keeps)."""
-    q, k, v, i, f, initial = (a[name] for name in ("q", "k", "v", "igate", "fgate", "state"))
-    if k.shape[1] < 2 or any(x is not None and x.dtype != torch.float32 for x in (q, k, v, i, f, initial)):
-        return None
-    return mlstm_one_pass(q, k, v, i, f, initial, out, eps=a["eps"]), out
-
-
 class _Triple(Unwrap):
     """The backend's ``c_initial``, ``n_initial``, ``m_initial`` keywords as one packed state (``None`` when absent)."""
 
@@ -136,8 +130,11 @@ class MLSTM(RecurrentMixer):
     #: forward, ``BACKEND_CALL``, prompt and decode step alike.
     CHUNK_FUNCTION = ""
     BACKEND_CALL = "self_mlstm_backend"
-    #: Its own strategy computes the per-token states from the call's arguments, so they can be read after it ran.
+    #: Its own strategy is `FromArguments` (its ``FAST`` spec): the backend keeps the state at chunk boundaries only.
     STATES_FROM_ARGUMENTS = True
+    FAST = MLSTM_FAST
+    #: The backend's ``eps``, which its call does not carry: the spec's one pass and tapped readout divide by it.
+    FAST_CONSTANTS = {"eps": "mlstm_backend.config.eps"}
     CONV_FUNCTIONS = ()
     SEQ_ARGUMENT = "k"
     #: ``self.mlstm_backend(query=, key=, value=, igate=, fgate=, c_initial=, n_initial=, m_initial=)``.
@@ -153,7 +150,6 @@ class MLSTM(RecurrentMixer):
     EFFECTIVE = MLSTM_ATTENTION
     #: No decay (log sigmoid(1e4) is 0 in float32), no write (k_s = 0, exp(-1e4 - m) = 0) and the stabilizer m kept.
     SKIP = {"input_gates": -1e4, "forget_gates": 1e4, "attention_keys": 0.0}
-    OWN_ONE_PASS = staticmethod(_one_pass)
 
     #: Gradient-less values beyond the shared ones (`nnterp.recurrent.gradient_support`).
     GRADIENTLESS = {
@@ -245,7 +241,7 @@ class MLSTM(RecurrentMixer):
 
     def _cached(self, what: str) -> None:
         """Raise unless the call runs with a cache: only then does its final state carry on (as on every mixer)."""
-        if SPLIT_CALL.record(self, what).strategy["initial"] is None:  # xLSTM passes no state exactly when it has no cache
+        if self.record().serve("state") is None:  # xLSTM passes no state exactly when it has no cache
             raise Unavailable(f"linear_attn.{what}", _NO_CACHE)
 
     def _read_output_state(self) -> torch.Tensor:
@@ -278,10 +274,10 @@ class MLSTM(RecurrentMixer):
         annotation=PackedState,
     )
 
-    # -- the state after every token: its own strategy (`nnterp.recurrent.per_token.split_call`) ---------
+    # -- the state after every token: `FromArguments`, its own strategy (`STATES_FROM_ARGUMENTS`) -----------
 
     states = DerivedEProperty(
-        SPLIT_CALL.states,
+        every_state,
         description="the packed state (C, n, m) after every token of this call, [batch, seq, mixer_heads, key_dim, "
         "value_dim + 2], computed from the kernel call's arguments",
         unavailable=needs_torch_kernels,
@@ -294,43 +290,15 @@ class MLSTM(RecurrentMixer):
         annotation=PackedState,
     )
 
-    def state_after(self, t: int) -> torch.Tensor:
-        """The packed state after token ``t`` of this call (negative ``t`` counts from the end), from its arguments."""
-        return SPLIT_CALL.state_after(self, t)
-
-    def states_of(self, positions: Any) -> torch.Tensor:
-        """The packed states after tokens ``positions`` only, ``[batch, len(positions), ...]``: ``states[:, positions]``.
-
-        Computed from the call's arguments up to the last selected token, once.
-        Order and gradients as `state_after` (a new tensor: read ``states.grad``).
-        """
-        return SPLIT_CALL.states_of(self, positions)
-
-    def set_state_after(self, t: int, value: torch.Tensor) -> None:
-        """Continue the tokens after ``t`` from the packed state ``value``; token ``t``'s own output is unchanged.
-
-        The backend call is split at ``t``: it runs on tokens ``[0, t]`` and on
-        the rest from ``value``, and the call returns both outputs and the
-        second's final state (``value`` itself when ``t`` is the last token),
-        as a cache holding ``value`` continued by the rest would. Writes come
-        before the kernel runs, positions in increasing order, after reads of
-        earlier positions and before `states`.
-        """
-        SPLIT_CALL.set_state_after(self, t, value)
-
-    def run_kernel(self, call: Call, lo: int, hi: int, initial: torch.Tensor | None) -> tuple:
-        """The call source, a method call: the backend module's own forward on tokens ``[lo, hi)`` of the call,
-        from ``initial``: ``(h, (C, n, m))`` (`SplitCall` runs it on each part of a split call)."""
+    def kernel_function(self) -> Any:
+        """The call source, a method call: the backend module's own forward (`FromArguments` runs it on each part of
+        a split call, and on the tokens up to ``t`` for ``state_after(t)``), in inference mode only."""
         backend = self._module.mlstm_backend
         if "inference" not in backend.config.mode:
             raise Unavailable(
-                "linear_attn.set_state_after",
-                f"it splits the backend call, which config.mode={backend.config.mode!r} runs through the "
+                "linear_attn.state_after / set_state_after",
+                f"they run the backend on part of the call, which config.mode={backend.config.mode!r} runs through the "
                 "chunkwise kernel alone (whole chunks only, no final state); use mode='inference' (the default)"
             )
-        kwargs = dict(call.kwargs)
-        for name in ("query", "key", "value", "igate", "fgate"):
-            kwargs[name] = kwargs[name][:, :, lo:hi].contiguous()
-        kwargs.update(zip(("c_initial", "n_initial", "m_initial"), backend_state(initial, kwargs["query"].dtype)))
         # The class's forward, not the module's __call__: the model is mid-run, hooked by nnsight.
-        return type(backend).forward(backend, *call.args, **kwargs)
+        return type(backend).forward.__get__(backend)

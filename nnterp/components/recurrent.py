@@ -87,6 +87,7 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
     ONE_STEP_DECODE: bool = False
     CHUNKED_SCAN: bool = False
     FAST: FastSpec | None = None
+    FAST_CONSTANTS: dict[str, str] = {}  # what FAST reads off the module beside the call (`Mixer.FAST_CONSTANTS`)
     OWN_ONE_PASS: Callable | None = None  # its own strategy's one pass (`Mixer.OWN_ONE_PASS`)
     #: Its effective attention (`nnterp.fast.spec`), from the kernel call's arguments, or ``None``.
     EFFECTIVE: EffectiveSpec | None = None
@@ -95,8 +96,7 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
     CHUNK_ARGUMENTS: arguments.Signature = {}
     RECURRENT_ARGUMENTS: arguments.Signature = {}
     SEQ_ARGUMENT: str = "q"
-    #: Which element of the kernel's return is the final state.
-    FINAL_STATE = 1
+    FINAL_STATE = 1  # which element of the kernel's return is the final state
     #: Whether the forward also uses, outside the kernel, tensors it passes the kernel in another layout than served (Mamba-1's
     #: ``x`` feeds ``x_proj``): the kernel then gets its own node of each under autograd (`arguments.own_nodes`).
     SHARED_ARGUMENTS = False

@@ -41,7 +41,7 @@ correct packed states of one prompt may differ entry by entry; compare them
 unscaled (``C exp(m)``), or compare the outputs they give.
 
 By the backend call's names (`nnterp.fast.spec`): `states`, `one_pass`,
-`state_shape`, `effective_attention`; the specs ``FAST``, ``EFFECTIVE``.
+`tap`, `state_shape`, `effective_attention`; the specs ``FAST``, ``EFFECTIVE``.
 Pure torch: this file knows nothing of nnsight or of the components.
 """
 
@@ -291,25 +291,39 @@ def mlstm_attention(
 
 
 def states(arguments: dict, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The packed state after every token: in place without autograd (`mlstm_states_into`, into ``out``), else the
-    token loop's (`mlstm_states`)."""
+    """The packed state after every token, into ``out`` when given: in place without autograd (`mlstm_states_into`),
+    else, and on a one-token call (transformers runs its one-step kernel there, whose operations `mlstm_states`
+    repeats, so the state equals the cache's bit for bit), the token loop's (`mlstm_states`)."""
     a = arguments
     k, v, i, f, state = a["k"], a["v"], a["igate"], a["fgate"], a.get("state")
-    if differentiable(k, v, i, f, state):
-        return mlstm_states(a.get("q"), k, v, i, f, state)
+    if k.shape[1] == 1 or differentiable(k, v, i, f, state):
+        found = mlstm_states(a.get("q"), k, v, i, f, state)
+        return found if out is None else out.copy_(found)
     return mlstm_states_into(k, v, i, f, state, out)
 
 
 def one_pass(arguments: dict, out: torch.Tensor) -> tuple | None:
-    """The backend's return ``(h, (C, n, m))`` with the states (`mlstm_one_pass`); ``None`` off float32.
+    """The backend's return ``(h, (C, n, m))`` with the states (`mlstm_one_pass`); ``None`` off float32, and on one
+    token (a decode step runs the one-step kernel, whose bits the cache keeps).
 
-    ``arguments["eps"]`` is the backend's ``config.eps`` (the backend call does not carry it; 1e-6, xLSTM's default).
+    ``arguments["eps"]`` is the backend's ``config.eps`` (the call does not carry it: the component's
+    ``FAST_CONSTANTS``; 1e-6, xLSTM's default, without it).
     """
     a = arguments
     inputs = (a["q"], a["k"], a["v"], a["igate"], a["fgate"], a.get("state"))
-    if any(x is not None and x.dtype != torch.float32 for x in inputs):
+    if a["k"].shape[1] < 2 or any(x is not None and x.dtype != torch.float32 for x in inputs):
         return None
     return mlstm_one_pass(*inputs, out, eps=a.get("eps", 1e-6)), out
+
+
+def tap(arguments: dict, taps: torch.Tensor) -> torch.Tensor:
+    """An exact zero ``[batch, heads, seq, value_dim]`` (heads first, as the backend returns ``h``) that depends on
+    ``taps`` ``[batch, seq, ...packed state]`` as the later tokens' outputs read an addition to each state after its
+    readout (`mlstm_states`): added to the backend's return, the gradient of ``taps`` at ``t`` is the loss's by the
+    state after ``t``. The arguments are detached: the backend's own return carries their gradient."""
+    a = {name: x.detach() if isinstance(x, torch.Tensor) else x for name, x in arguments.items()}
+    h = mlstm_states(a["q"], a["k"], a["v"], a["igate"], a["fgate"], a.get("state"), tap=taps, eps=a.get("eps", 1e-6))[1]
+    return (h - h.detach()).transpose(1, 2)
 
 
 def state_shape(arguments: dict) -> tuple:
@@ -324,7 +338,11 @@ def effective_attention(arguments: dict, positions: Selection, heads: Selection,
     return mlstm_attention(a["q"], a["k"], a["igate"], a["fgate"], a.get("state"), positions, heads, coefficients)
 
 
-#: The mLSTM backend's call (xLSTM): its chunkwise kernel, and its one-step kernel on a decode step.
-FAST = FastSpec("mLSTM", states, ("q", "k", "v", "igate", "fgate"), state_shape, one_pass=one_pass, state_tokens=("k", "v", "igate", "fgate"))
+#: The mLSTM backend's call (xLSTM): its chunkwise kernel, and its one-step kernel on a decode step. It returns
+#: ``(h [batch, heads, seq, value_dim], (C, n, m))``: heads first, and its final state unpacked.
+FAST = FastSpec(
+    "mLSTM", states, ("q", "k", "v", "igate", "fgate"), state_shape, one_pass=one_pass, output_axis=2,
+    state_tokens=("k", "v", "igate", "fgate"), leaving=lambda final: pack(*final), returned=unpack, tap=tap,
+)
 #: The mLSTM backend's call (xLSTM), by `nnterp.components.mlstm.MLSTM`'s signature table's names.
 EFFECTIVE = EffectiveSpec("mLSTM", effective_attention, "heads")

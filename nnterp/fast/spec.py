@@ -25,7 +25,12 @@ specs built from them (``FAST``, ``EFFECTIVE``):
 * ``resume(arguments, initial, result)``: only for a kernel that takes no
   initial state (Mamba-1's always starts from zeros): its ``result`` on
   ``arguments``, turned into what it would have returned starting from
-  ``initial`` (exact: the recurrence is linear in its start state).
+  ``initial`` (exact: the recurrence is linear in its start state);
+* ``tap(arguments, taps)``: an exact zero in the layout of the kernel's output
+  that depends on ``taps`` (a zero leaf of the states' shape) as the later
+  tokens' outputs read an addition to each state; added to the call's output
+  under autograd, so the output's gradient reaches the state after every token
+  (``states.grad``: lightning attention's, the mLSTM's).
 
 A `FastSpec` also says which arguments carry one entry per token (``tokens``:
 a call is split at a position by slicing these), the token axis of the
@@ -100,6 +105,9 @@ class FastSpec:
     #: ``final_state(arguments)``: the state after the run's last token as ``compute`` computes it, the others not kept,
     #: where a call source has no kernel to run for it (lightning's forward). ``None``: the kernel's final state.
     final_state: Callable[[dict], torch.Tensor] | None = None
+    #: The inverse of ``leaving``, where the kernel returns its final state in another format than ``starting`` passes
+    #: it (the mLSTM takes one packed state through its table and returns ``(C, n, m)``); ``None``: as ``starting``'s.
+    returned: Callable[[torch.Tensor], Any] | None = None
 
     def __repr__(self) -> str:
         return f"FastSpec({self.name})"
@@ -114,6 +122,16 @@ class FastSpec:
     def starting_from(self, state: torch.Tensor | None) -> dict:
         """The arguments that make ``compute`` start from ``state`` (one of its own, ``[batch, ...state]``; ``None``: zeros)."""
         return self.starting(state) if self.starting is not None else {"state": state}
+
+    def piece(self, arguments: dict, lo: int, hi: int, initial: torch.Tensor | None) -> dict:
+        """Named, tokens-first ``arguments`` restricted to tokens ``[lo, hi)``, starting from ``initial``."""
+        cut = {name: (x[:, lo:hi] if name in self.tokens and isinstance(x, torch.Tensor) else x) for name, x in arguments.items()}
+        cut.update(self.starting_from(initial))
+        return cut
+
+    def returned_state(self, state: torch.Tensor) -> Any:
+        """``state`` (one of ``compute``'s own) as the kernel returns its final state."""
+        return self.returned(state) if self.returned is not None else self.starting_from(state)["state"]
 
 
 @dataclass(frozen=True)

@@ -218,3 +218,25 @@ def assign_step(mixer: Any, value: Any) -> None:
     call = mixer.record()
     step = step_input(value, call.serve("dt_bias"), bool(call.serve("dt_softplus")))
     call.assign("dt", keep_unchanged(value, served, step, call.serve("dt")))
+
+
+def cut(table: dict, spec: Any, call: tuple, lo: int, hi: int, initial: Any, final: bool) -> tuple:
+    """``(args, kwargs)`` of ``call`` restricted to tokens ``[lo, hi)``, starting from ``initial``, asking for the final state.
+
+    Each token argument is sliced in its own layout (tokens first, then laid
+    back: Mamba-1's are channel-first); ``initial``, one of the spec's own
+    states, is passed in the kernel's format (``spec.starting_from``: RWKV-4's
+    triple). A kernel without an initial state (no ``"state"`` in its table)
+    runs from zeros: the caller resumes it.
+    """
+    args, kwargs = call
+    start = spec.starting_from(initial)
+    for name in spec.tokens:
+        where, layout = table[name]
+        element = args[where] if isinstance(where, int) and where < len(args) else kwargs.get(where)
+        if isinstance(element, torch.Tensor):
+            args, kwargs = replace_in((args, kwargs), where, layout.write(layout.read(element)[:, lo:hi], element))
+    for name, value in (*start.items(), ("final", final)):
+        if name in table:
+            args, kwargs = replace_in((args, kwargs), table[name][0], value)
+    return args, kwargs

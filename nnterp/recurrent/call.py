@@ -1,10 +1,9 @@
 """One record per call of a recurrent mixer, and the one order checker every per-token strategy uses.
 
-A worker reads in the order the model runs. A mixer's values of one call are served from that call's kernel call:
-its arguments (read once, when the kernel starts, and kept here so values computed from several of them can be read
-later), the states inside it, its return. `Call` keeps what the worker learnt of the call and what it has read and
-written; its checks raise `OrderError` naming the earlier read instead of letting nnsight drop a request for a moment
-already passed (nnsight only warns "never reached").
+A worker reads in the order the model runs. A mixer's values of one call are served from its kernel call: its
+arguments (read once, when the kernel starts, kept for values computed from several), the states inside it, its
+return. `Call` keeps what the worker learnt of the call and what it read and wrote; its checks raise `OrderError`
+naming the earlier read, where nnsight would drop a request for a moment already passed (warning "never reached").
 
 A mixer builds its record as a call source: `entry` reads the forward's inputs at the mixer's input, `at_start`
 the kernel call's arguments when it starts. The record then owns the kernel's named arguments: its signature table
@@ -16,9 +15,9 @@ replaces the call with a result (`skip`, `replace`): a kernel call's by default;
 is its forward's own operations, is that call source's subclass (`forward_call.ForwardCall`).
 
 Every kind's order checks are the methods below (`Call.check_reachable` the one test they share), the MiniMax
-record's and the checks of a call's entry included: a kind raises `OrderError`, never nnsight's raw
-``OutOfOrderError`` naming an internal location; no other module raises it for a write's order. The record lives on
-the worker (`nnterp.core.calls.per_call`), so two invokes never share one and it is freed with its run.
+record's and a call's entry's included: a kind raises `OrderError`, never nnsight's raw ``OutOfOrderError``, and no
+other module raises it for a write's order. The record lives on the worker (`nnterp.core.calls.per_call`): two
+invokes never share one, and it is freed with its run.
 """
 
 from __future__ import annotations
@@ -99,24 +98,20 @@ class Call:
     def __init__(self, mixer: Any, kernel: str, op: Any, decodes: bool, started: int) -> None:
         self.mixer, self.kernel, self.op, self.decodes, self.started = mixer, kernel, op, decodes, started
         self.table: arguments.Signature = type(mixer).RECURRENT_ARGUMENTS if decodes else type(mixer).CHUNK_ARGUMENTS
-        self.args: tuple = ()
-        self.kwargs: dict = {}
-        self.seq = 0
+        self.args, self.kwargs = (), {}  # the kernel call's, ``(args, kwargs)``
+        self.seq = self.output_at = 0
         self.expected: tuple = ((), torch.float32, None)
-        self.output_at = 0
         self.furthest: tuple[int, str] | None = None
         self.writes: dict[int, torch.Tensor] = {}
         self.states_read = False
-        self.strategy: dict[str, Any] = {}
-        self.served: dict[str, Any] = {}
+        self.strategy, self.served = {}, {}  # per-strategy data; the served arguments, tokens first, by name
         self.served_under: bool | None = None  # autograd's mode when `served` was made (None: not yet)
 
     @staticmethod
     def entry(mixer: Any, kernels: tuple) -> dict:
-        """What a call source reads at the mixer's input, once per call: the call's length, its cache, whether
-        it continues it, the forward's bound arguments, and how often each of ``kernels`` (labels in the
-        forward) has started before this call (a later request for its arguments past that count would land
-        in the next call)."""
+        """What a call source reads at the mixer's input, once per call: the call's length, its cache, whether it
+        continues it, the forward's bound arguments, and how often each of ``kernels`` (labels in the forward) has
+        started before this call (a later request for its arguments past that count would land in the next call)."""
         # Instrument the forward before it runs, whatever value is read first (a convolution window reads
         # no kernel op): otherwise a first trace runs it uninstrumented and a later kernel read is lost.
         mixer.source
@@ -207,6 +202,11 @@ class Call:
 
     def own_final(self) -> torch.Tensor | None:  # the final state the source computes itself, as the last of `states`
         return None
+
+    def graft(self, zero: torch.Tensor) -> None:  # exact zeros carrying a gradient (a spec's tap) added to the return
+        output = self.op.output
+        own = output[0] if isinstance(output, tuple) else output
+        self.op.output = replace_in(output, 0 if isinstance(output, tuple) else None, own + zero.to(own.dtype))
 
     kept = 0  # leading tokens whose outputs the call source keeps as it computed them: a split does not recompute them
 

@@ -180,7 +180,7 @@ def fast_states(model: Any, enabled: bool = True, dtype: Any = None) -> Setting:
         model, "fast_states", "fast", enabled, applies,
         f"{type(model).__name__} has no mixer with a fast path (mixers: {', '.join(kinds)}): it covers the mixers whose "
         "prompt kernel keeps the per-token states to itself (gated DeltaNet, Kimi delta attention, Mamba-1, Mamba-2), "
-        "the RG-LRU and RWKV-4; "
+        "the RG-LRU, RWKV-4 and the mLSTM; "
         "support() says how this model's mixers serve `states` without it",
     )
     for mixer in setting.mixers:

@@ -155,3 +155,21 @@ class MLSTMSuite(StateContract):
         with pytest.raises(OrderError), torch.no_grad(), model.trace(ids):
             mix.state_after(4).save()
             mix.set_state_after(2, value)
+
+    def test_a_split_needs_the_inference_backend_and_says_so(self, checkpoint, model, ids):
+        # In a training mode the backend runs its chunkwise kernel alone (whole chunks, no final state), which a split
+        # cannot run on part of the call; the states are still computed from the call's arguments, as in inference.
+        from nnterp import StandardizedTransformer, Unavailable
+
+        trained = StandardizedTransformer(str(checkpoint(self.MODEL_TYPE)), mode="train")
+        mix = trained.layers[1].linear_attn
+        chunk = trained._module.config.chunk_size
+        ids = ids[:, : ids.shape[1] // chunk * chunk]  # whole chunks only, as training mode runs them
+        with torch.no_grad(), trained.trace(ids, use_cache=False):
+            states = mix.states.save()
+        with torch.no_grad(), model.trace(ids, use_cache=False):
+            expected = model.layers[1].linear_attn.states.save()
+        torch.testing.assert_close(states, expected, rtol=1e-5, atol=1e-6)
+        for write in (lambda: mix.state_after(1).save(), lambda: mix.set_state_after(1, states[:, 1])):
+            with pytest.raises(Unavailable, match="mode='inference'"), torch.no_grad(), trained.trace(ids, use_cache=False):
+                write()

@@ -68,13 +68,31 @@ def agrees(analytic: float, numeric: list, scale: float) -> bool:
 
 
 def test_states_grad_matches_finite_differences(model, monkeypatch):
+    check_states_grad(model, per_token(model), monkeypatch)
+
+
+#: The kinds whose fast path serves ``states.grad`` (a spec with a ``tap``: an exact zero through which the call's
+#: output reads the states).
+TAPPED = [t for t in KINDS if REGISTRY[t].MIXER.FAST is not None and REGISTRY[t].MIXER.FAST.tap is not None]
+
+
+@pytest.mark.parametrize("model_type", TAPPED)
+def test_fast_states_grad_matches_finite_differences(load, model_type, monkeypatch):
+    model = load(model_type)
+    with nnterp.fast_states(model):
+        assert model.layers[recurrent(model)[0]].linear_attn.gradients()["states"] is None, "support() says no states.grad"
+    check_states_grad(model, nnterp.fast_states(model), monkeypatch)
+
+
+def check_states_grad(model, setting, monkeypatch):
+    """``states.grad`` under ``setting`` against central differences of ``set_state_after`` at two tokens."""
     # Without autograd the mLSTM's and lightning attention's states reads skip their backend or block loop by a one
     # pass, equal to rounding, not bit for bit: the bits compared here are the model's own both times.
     monkeypatch.setattr(from_arguments, "ONE_PASS", False)  # every one pass: the fast path's, the mLSTM's, WKV's, lightning's
     ids = ids_of(model)
     layer = recurrent(model)[0]
     mix = model.layers[layer].linear_attn
-    with per_token(model):
+    with setting:
         with torch.no_grad(), model.trace(ids):
             plain = mix.states.save()
             plain_logits = model.logits.save()
@@ -136,14 +154,10 @@ def held(value):
     return value._base if getattr(value, VIEW_MARK, False) else value
 
 
-#: A fast path with a tap (lightning attention's) serves states as a leaf its call's output reads instead
-#: (`states.grad`: test_lightning_one_pass.py, test_gradient_support.py).
-UNTAPPED = [t for t in KINDS if REGISTRY[t].MIXER.FAST is not None and REGISTRY[t].MIXER.FAST.tap is None]
-
-
-@pytest.mark.parametrize("model_type", UNTAPPED)
+@pytest.mark.parametrize("model_type", [t for t in KINDS if REGISTRY[t].MIXER.FAST is not None and t not in TAPPED])
 def test_fast_states_are_a_function_of_the_arguments(load, model_type):
     # The fast path's states under autograd: the same values as without, and a loss on them reaches the arguments.
+    # (A tapped spec's states, read before the kernel runs, are instead a leaf the output is read through: TAPPED.)
     model = load(model_type)
     ids = ids_of(model)
     mix = model.layers[recurrent(model)[0]].linear_attn

@@ -169,3 +169,20 @@ class TestMlstmOnePass(CheckpointFixtures):
         with torch.no_grad():
             torch.testing.assert_close(logits, plain(ids).logits, rtol=0, atol=1e-6)
         assert len(calls) == len(model.layers), "the backend ran"
+
+    def test_the_one_pass_divides_by_the_backends_own_eps(self, checkpoint, ids, backend):
+        # The backend call does not carry config.eps: the spec reads it off the module (MLSTM.FAST_CONSTANTS). A large
+        # one moves every output, so a pass that used xLSTM's default instead would miss the plain forward.
+        path = str(checkpoint(self.MODEL_TYPE))
+        model = StandardizedTransformer(path, dispatch=True, device="cpu", eps=0.05)
+        plain = AutoModelForCausalLM.from_pretrained(path, eps=0.05).eval()
+        logits = []
+        with counting(backend) as calls, torch.no_grad(), model.trace(ids):
+            for layer in model.layers:
+                layer.linear_attn.states.save()
+            logits.append(model.logits.save())
+        assert calls == [], "the backend ran although every call's states were read"
+        with torch.no_grad():
+            expected, default = plain(ids).logits, AutoModelForCausalLM.from_pretrained(path).eval()(ids).logits
+        assert (expected - default).abs().max() > 1e2 * TOL["atol"], "eps moves the outputs"
+        torch.testing.assert_close(logits[0], expected, **TOL)

@@ -19,6 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from nnterp import StandardizedTransformer, fast_states
+from nnterp.components.mlstm import MLSTM
 from nnterp.components.selective_scan import SelectiveScan
 from nnterp.components.state_space import StateSpace
 from nnterp.components.wkv import WKV
@@ -47,6 +48,8 @@ def kernel_body(model):
     """transformers' pure-torch body of the mixer's prompt kernel, read from the modeling module's binding (a
     method-call source, the RG-LRU's: its module's scan method)."""
     mixer = model.family.MIXER
+    if issubclass(mixer, MLSTM):  # a method-call source: the backend module's body (chunkwise, then a token loop)
+        return model.family.MODELING.wrap_chunkwise_arbitrary_sequence_length
     if not mixer.CHUNK_FUNCTION:
         return mixer.loop_body(model.family.MODELING)
     fn = getattr(model.family.MODELING, mixer.CHUNK_FUNCTION)
@@ -139,8 +142,9 @@ def test_two_invokes_sharing_a_call_run_the_kernel(loaded):
 
 #: Mamba-1 and Mamba-2 families: transformers' torch kernel (a token loop, a chunk scan) is slower than the pass.
 RING = [t for t in COUNTED if issubclass(REGISTRY[t].MIXER, (SelectiveScan, StateSpace))]
-#: RWKV-4's: its one pass is float32 only (its kernel mixes the model's dtype into the state's float32 updates).
-FLOAT32 = [t for t in COUNTED if issubclass(REGISTRY[t].MIXER, WKV)]
+#: RWKV-4's and the mLSTM's: their one pass is float32 only (RWKV-4's kernel mixes the model's dtype into the state's
+#: float32 updates; the mLSTM backend's chunkwise kernel computes in the model's dtype).
+FLOAT32 = [t for t in COUNTED if issubclass(REGISTRY[t].MIXER, (WKV, MLSTM))]
 #: The delta rule's and the RG-LRU's families: transformers' torch kernels compute in float32 from any dtype and round
 #: their output only.
 DELTA = [t for t in COUNTED if t not in RING and t not in FLOAT32]

@@ -148,6 +148,21 @@ class XLSTMCache(Cache):
         return c, n, m[..., 0]
 
 
+class PackedXLSTMCache(XLSTMCache):
+    """xLSTM's cache read as the one packed tensor nnterp serves (``C``, ``n``, ``m`` side by side), for the tests
+    run over every kind with a fast path, which compare one tensor per state."""
+
+    def __init__(self, pack: Callable, unpack: Callable):
+        super().__init__(unpack)
+        self.pack = pack  # the packed layout's join (`MLSTM.pack`): a re-lay of the same numbers
+
+    def read(self, cache, layer: int):
+        return self.pack(*(x.clone() for x in cache.rnn_state[layer]))
+
+    def served(self, value):
+        return value
+
+
 class WKVState(Cache):
     """RWKV-4's returned ``state``: five ``[batch, hidden, layers]`` tensors, 2 / 3 / 4 the WKV numerator,
     denominator and maximum (0 and 1 the token shifts); it carries no cache object."""
@@ -202,7 +217,10 @@ def _stack(states: list):
 
 def of_kind(mixer: type) -> Cache:
     """The adapter of a kind with a fast path, for the tests run over every such kind (its suite's ``CACHE``)."""
+    from nnterp.components.mlstm import MLSTM
     from nnterp.components.rg_lru import RGLRU
     from nnterp.components.wkv import WKV
 
+    if issubclass(mixer, MLSTM):
+        return PackedXLSTMCache(MLSTM.pack, MLSTM.unpack)
     return ModuleState() if issubclass(mixer, RGLRU) else WKVState() if issubclass(mixer, WKV) else Cache()

@@ -106,12 +106,18 @@ class StateContract(KnockoutContract, CheckpointFixtures):
     def prompt(self, model, ids, path):
         return model.tokenizer(LONG, return_tensors="pt").input_ids if path == "fast" else ids
 
+    def regrouped(self, path) -> bool:
+        """Whether reads on ``path`` run `FromArguments`, whose calls regroup the kernel's sums: the fast path, or the
+        own strategy of a kind that declares it so (``STATES_FROM_ARGUMENTS`` with a ``FAST`` spec: the mLSTM)."""
+        mixer = REGISTRY[self.MODEL_TYPE].MIXER
+        return path == "fast" or (getattr(mixer, "STATES_FROM_ARGUMENTS", False) and mixer.FAST is not None)
+
     def tol(self, path, expected, own: dict) -> dict:
-        return fast_tol(expected) if path == "fast" else own
+        return fast_tol(expected) if self.regrouped(path) else own
 
     def same(self, path, got, expected, msg: str = "") -> None:
         """Equal on the mixer's own strategy; on the fast path, whose calls regroup their sums, within `fast_tol`."""
-        if path == "fast":
+        if self.regrouped(path):
             torch.testing.assert_close(got, expected, **fast_tol(expected), msg=note(msg))
         else:
             assert torch.equal(got, expected), msg

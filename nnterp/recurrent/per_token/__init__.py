@@ -15,7 +15,8 @@ worker can reach depends on the kernel that runs:
 
 A kind whose states are always computed from its call's arguments
 (``STATES_FROM_ARGUMENTS`` with a ``FAST`` spec: lightning attention, whose
-recurrence is its forward's own operations) has `FromArguments` as its own.
+recurrence is its forward's own operations, and the mLSTM, whose backend keeps
+states only at chunk boundaries) has `FromArguments` as its own.
 
 Each serves ``states``, ``state_after(t)``, ``set_state_after(t, value)`` and
 ``state`` (`PerToken`, ``protocol.py``) on one call of one mixer, keeping what
@@ -52,10 +53,14 @@ __all__ = [
 
 def default_strategy(mixer: Mixer) -> PerToken:
     """The component's own way: `ChunkBoundaries` for a chunked scan (Mamba-2), `FromArguments` for a kind whose
-    states are always its fast path's (``STATES_FROM_ARGUMENTS``, lightning attention), `TokenLoop` otherwise."""
+    kernel has no per-token location and that has a fast path (``STATES_FROM_ARGUMENTS``: lightning attention, the
+    mLSTM), `TokenLoop` otherwise."""
+    if type(mixer).CHUNKED_SCAN:
+        return CHUNK_BOUNDARIES
+    # Declared by the few kinds it concerns (`Mixer.STATES_FROM_ARGUMENTS`), hence read with a default.
     if getattr(type(mixer), "STATES_FROM_ARGUMENTS", False) and type(mixer).FAST is not None:
         return FROM_ARGUMENTS
-    return CHUNK_BOUNDARIES if type(mixer).CHUNKED_SCAN else TOKEN_LOOP
+    return TOKEN_LOOP
 
 
 def strategy_for(mixer: Mixer) -> PerToken:
@@ -65,7 +70,7 @@ def strategy_for(mixer: Mixer) -> PerToken:
     ``chunk_per_token(model)`` -> `ChunkBoundaries`; otherwise the component's
     own (`default_strategy`): `TokenLoop` for the DeltaNets and Mamba-1 (served
     once the family is routed), `ChunkBoundaries` for Mamba-2 (which says to
-    call ``chunk_per_token`` until it is).
+    call ``chunk_per_token`` until it is), `FromArguments` for the mLSTM.
     """
     setting = mixer.__dict__.get(PER_TOKEN)  # `per_token_setting`, read here: asked by a value's check and its compute
     if setting == "fast":

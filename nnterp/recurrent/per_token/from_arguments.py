@@ -50,13 +50,17 @@ Mamba-2's time step is rounded as the kernel rounds it); under autograd they
 are a function of the kernel's arguments (a loss on them reaches the
 arguments), but the kernel never reads them, so a loss on the model's output
 has no gradient by them (route, or ``chunk_per_token`` on Mamba-2, for that;
-``set_state_after`` targets do get one, the split kernel reads them); a read after a write in
+``set_state_after`` targets do get one, the split kernel reads them), except
+where the spec has ``tapped`` (the mLSTM): read before the kernel runs, the
+states are then a leaf the call's output is read through (`_tapped`), and
+``states.grad`` is the loss's derivative by them; a read after a write in
 the same call is allowed and sees the write. ``state`` under ``tracer.iter`` is not served here (there
 is no per-token location): it stays the component's own strategy.
 """
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -65,6 +69,7 @@ from ...core.calls import mediator
 from ...core.errors import Unavailable
 from ...core.values import check_expected, replace_in
 from ...fast.buffers import empty_states
+from ..arguments import cut
 from ..call import Call
 from ..gradients import fill, recording, records_any, tap
 from ..kernels import runs_pure_torch
@@ -73,9 +78,11 @@ from .protocol import Mixer, PerToken
 
 #: Tokens whose states `FromArguments.states_of` computes at once (its memory beyond the selection).
 SELECTION_BLOCK = 64
+#: Where `FromArguments.states` keeps the states a one pass filled, in the call's per-strategy data.
+ONE_PASS_STATES = "one_pass"
 #: Whether ``states`` computes a pure-torch kernel's output with the states and skips the call (measured faster
 #: on every kind that has a one pass: docs/performance.md times both), on every kind (`one_pass`: the fast path's,
-#: RWKV-4's token loop, the mLSTM's backend). ``False``: the kernel runs, then a second pass.
+#: the mLSTM's backend too; RWKV-4's token loop). ``False``: the kernel runs, then a second pass.
 ONE_PASS = True
 
 
@@ -97,10 +104,13 @@ class FromArguments(PerToken):
         mediator(f"`linear_attn.{what}`")
         call = mixer.record()
         if not call.decodes and "named" not in call.strategy:
-            # Tokens first (the layouts applied), as the spec takes them (the prompt kernel's table: not decoding).
-            arguments = dict(call.serve_all())
+            # Tokens first (the layouts applied), as the spec takes them (the prompt kernel's table: not decoding), with
+            # the module's constants the spec reads beside them (the mLSTM backend's eps).
+            module = mixer.hf_module()
+            constants = {name: attrgetter(path)(module) for name, path in type(mixer).FAST_CONSTANTS.items()}
+            arguments = {**call.serve_all(), **constants}
             # The entering state as one of the spec's own states, a copy: a continued cache's buffer, which the cache
-            # overwrites after the kernel returns. Every run of the call starts from one of those (`piece`, `cut`).
+            # overwrites after the kernel returns. Every run of the call starts from one of those (`FastSpec.piece`, `arguments.cut`).
             entering = type(mixer).FAST.entering_state(arguments)
             call.strategy.update(named=arguments, entering=None if entering is None else entering.clone(), served=False)
         return call
@@ -117,7 +127,7 @@ class FromArguments(PerToken):
             # A call source with no function to cut the arguments of runs its own (lightning: its forward's recurrence).
             return mixer.run_kernel(call, lo, hi, initial)
         if ONE_PASS and cls.FAST.ring and runs_pure_torch(mixer) and not recording(initial):
-            arguments = piece(cls.FAST, call.strategy["named"], lo, hi, initial)
+            arguments = cls.FAST.piece(call.strategy["named"], lo, hi, initial)
             if not torch.is_grad_enabled() or not any(recording(x) for x in arguments.values()):  # (asked once when off)
                 # transformers' torch kernel is slower than this pass (a token loop, a chunk scan); two slots keep
                 # the last state only.
@@ -130,7 +140,7 @@ class FromArguments(PerToken):
         result = mixer.kernel_function()(*args, **kwargs)
         if initial is not None and "state" not in cls.CHUNK_ARGUMENTS:
             # The kernel started from zeros: add what the start state contributes to its output and final state.
-            result = cls.FAST.resume(piece(cls.FAST, call.strategy["named"], lo, hi, None), initial, result)
+            result = cls.FAST.resume(cls.FAST.piece(call.strategy["named"], lo, hi, None), initial, result)
         return result
 
     def _buffer(self, shape: tuple, device: Any, differentiable: bool, dtype: Any = torch.float32) -> torch.Tensor:
@@ -155,9 +165,11 @@ class FromArguments(PerToken):
         # arguments (a loss on the states reaches them). The kernel never reads these states, so no later loss does.
         out = self._buffer((shape[0], call.seq, *shape[1:]), call.expected[2], differentiable, states_dtype(mixer))
         done = one_pass(mixer, call, spec.one_pass, arguments, out) if not differentiable else None
+        if done is not None and out.dtype == torch.float32:
+            call.strategy[ONE_PASS_STATES] = out  # the call was skipped: `state_after` reads these, not the kernel again
         with torch.enable_grad() if differentiable else torch.no_grad():
             for lo, hi, initial in self.segments(call) if done is None else ():
-                spec.compute(piece(spec, arguments, lo, hi, initial), out[:, lo:hi])
+                spec.compute(spec.piece(arguments, lo, hi, initial), out[:, lo:hi])
         for t, value in call.writes.items():
             out[:, t] = value
         final = None if call.writes or call.strategy["served"] else call.own_final()
@@ -185,15 +197,19 @@ class FromArguments(PerToken):
             return mixer.read_state_output()
         if position in call.writes:
             return call.writes[position]
-        lo, hi, initial = self.segments(call, position + 1)[-1]
+        kept = call.strategy.get(ONE_PASS_STATES)
         spec = type(mixer).FAST
-        if spec.final_state is not None:
-            # The spec's own (lightning's: its source has no kernel to run on a part): as `states` computes it.
-            final = spec.final_state(piece(spec, call.strategy["named"], lo, hi, initial))
+        if kept is not None:
+            final = kept[:, position].clone()  # a copy: the buffer is the reused pool's
         else:
-            final = self._run_kernel(mixer, call, lo, hi, initial, True)[type(mixer).FINAL_STATE]
-        if spec.leaving is not None:
-            final = spec.leaving(final)  # the kernel's own format (RWKV-4's triple) as one of the states
+            lo, hi, initial = self.segments(call, position + 1)[-1]
+            if spec.final_state is not None:
+                # The spec's own (lightning's: its source has no kernel to run on a part): as `states` computes it.
+                final = spec.final_state(spec.piece(call.strategy["named"], lo, hi, initial))
+            else:
+                final = self._run_kernel(mixer, call, lo, hi, initial, True)[type(mixer).FINAL_STATE]
+            if spec.leaving is not None:
+                final = spec.leaving(final)  # the kernel's own format (RWKV-4's triple) as one of the states
         call.advance(position, what)
         call.strategy.setdefault("read", {})[position] = final
         return final
@@ -222,7 +238,7 @@ class FromArguments(PerToken):
                     if buffer is None or differentiable:  # under autograd a block is kept by the graph: never reused
                         buffer = self._buffer((shape[0], min(SELECTION_BLOCK, span), *shape[1:]), call.expected[2], differentiable)
                     block = buffer[:, : stop - at]
-                    spec.compute(piece(spec, arguments, at, stop, initial), block)
+                    spec.compute(spec.piece(arguments, at, stop, initial), block)
                     found.update((p, block[:, p - at].to(dtype, copy=True)) for p in wanted if at <= p < stop)
                     initial = block[:, -1].clone()
         call.advance(max(chosen, default=0), what)
@@ -311,7 +327,7 @@ class FromArguments(PerToken):
             # kernel returns one whenever it is given one, and the forward would store it in a cache it lacks).
             return replace_in(result, index, None)
         if call.seq - 1 in call.writes and result[index] is not None:
-            result = replace_in(result, index, starting(type(mixer).FAST, call.writes[call.seq - 1])["state"])
+            result = replace_in(result, index, type(mixer).FAST.returned_state(call.writes[call.seq - 1]))
         return result
 
     def state(self, mixer: Mixer) -> torch.Tensor:
@@ -355,41 +371,6 @@ def one_pass(mixer: Mixer, call: Call, run: Any, arguments: dict, out: Any) -> t
     call.strategy["served"] = True
     return done[1]
 
-
-
-def starting(spec: Any, state: Any) -> dict:
-    """The arguments that start the kernel from ``state`` (one of the spec's own): `FastSpec.starting_from`, asked
-    here without a call where the spec has no format of its own (every kind but RWKV-4)."""
-    return {"state": state} if spec.starting is None else spec.starting(state)
-
-
-def piece(spec: Any, arguments: dict, lo: int, hi: int, initial: Any) -> dict:
-    """Served (tokens-first) ``arguments`` restricted to tokens ``[lo, hi)``, starting from ``initial``."""
-    cut = {name: (x[:, lo:hi] if name in spec.tokens and isinstance(x, torch.Tensor) else x) for name, x in arguments.items()}
-    cut.update(starting(spec, initial))
-    return cut
-
-
-def cut(table: dict, spec: Any, call: tuple, lo: int, hi: int, initial: Any, final: bool) -> tuple:
-    """``(args, kwargs)`` of ``call`` restricted to tokens ``[lo, hi)``, starting from ``initial``, asking for the final state.
-
-    Each token argument is sliced in its own layout (tokens first, then laid
-    back: Mamba-1's are channel-first); ``initial``, one of the spec's own
-    states, is passed in the kernel's format (``spec.starting_from``: RWKV-4's
-    triple). A kernel without an initial state (no ``"state"`` in its table)
-    runs from zeros: the caller resumes it.
-    """
-    args, kwargs = call
-    start = starting(spec, initial)
-    for name in spec.tokens:
-        where, layout = table[name]
-        element = args[where] if isinstance(where, int) and where < len(args) else kwargs.get(where)
-        if isinstance(element, torch.Tensor):
-            args, kwargs = replace_in((args, kwargs), where, layout.write(layout.read(element)[:, lo:hi], element))
-    for name, value in (*start.items(), ("final", final)):
-        if name in table:
-            args, kwargs = replace_in((args, kwargs), table[name][0], value)
-    return args, kwargs
 
 
 FROM_ARGUMENTS = FromArguments()

@@ -34,7 +34,13 @@ class Mixer(Protocol):
     #: whether the prompt kernel is Mamba-2's chunk scan.
     FAST: Any
     EFFECTIVE: Any
-    #: A kind's own strategy's one pass (the mLSTM's backend; RWKV-4's loop, its fast path's), run by the one
+    #: What ``FAST`` reads beside the kernel call's arguments: spec name -> attribute path on `hf_module` (the module's
+    #: constants the call does not carry: the mLSTM backend's ``{"eps": "mlstm_backend.config.eps"}``); ``{}`` mostly.
+    FAST_CONSTANTS: dict
+    #: Whether the kind's own strategy is `FromArguments` (its kernel has no per-token location: the mLSTM's backend);
+    #: declared only where true.
+    STATES_FROM_ARGUMENTS: bool
+    #: A kind's own strategy's one pass (RWKV-4's loop, its fast path's), run by the one
     #: switch (`nnterp.recurrent.per_token.from_arguments.one_pass`) as a `FastSpec`'s ``one_pass``; or ``None``.
     OWN_ONE_PASS: Any
     CHUNK_ARGUMENTS: dict
@@ -96,12 +102,13 @@ class Mixer(Protocol):
 
     def kernel_function(self) -> Callable:
         """The prompt kernel as its call source calls it: the function bound to ``CHUNK_FUNCTION`` in the modeling
-        module, or a method call's method bound to its module (the RG-LRU's ``_rnn_scan``); a split call runs it."""
+        module, or a method call's method bound to its module (the RG-LRU's ``_rnn_scan``, the mLSTM's backend's
+        ``forward``); a split call runs it."""
 
     def run_kernel(self, call: Call, lo: int, hi: int, initial: Any) -> Any:
-        """A call source's own kernel (the mLSTM's backend, lightning attention's forward recurrence; `FromArguments`
-        runs it where the mixer has one) on tokens ``[lo, hi)`` of ``call``, from ``initial``: its own return, so a
-        split call is its parts' returns joined."""
+        """A call source's own kernel where it has no kernel function to call (lightning attention's forward
+        recurrence; `FromArguments` runs it where the mixer defines it) on tokens ``[lo, hi)`` of ``call``, from
+        ``initial``: its own return, so a split call is its parts' returns joined."""
 
     def cache_window(self) -> torch.Tensor | None:
         """A short convolution's cache window buffer, written in place (``None`` without a cache)."""
