@@ -320,9 +320,11 @@ def tap(arguments: dict, taps: torch.Tensor) -> torch.Tensor:
     """An exact zero ``[batch, heads, seq, value_dim]`` (heads first, as the backend returns ``h``) that depends on
     ``taps`` ``[batch, seq, ...packed state]`` as the later tokens' outputs read an addition to each state after its
     readout (`mlstm_states`): added to the backend's return, the gradient of ``taps`` at ``t`` is the loss's by the
-    state after ``t``. The arguments are detached: the backend's own return carries their gradient."""
+    state after ``t``. The arguments are detached: the backend's own return carries their gradient. ``taps`` may hold
+    the states (the leaf `FromArguments` returns): the recurrence is tapped at zero, ``taps - taps.detach()``."""
     a = {name: x.detach() if isinstance(x, torch.Tensor) else x for name, x in arguments.items()}
-    h = mlstm_states(a["q"], a["k"], a["v"], a["igate"], a["fgate"], a.get("state"), tap=taps, eps=a.get("eps", 1e-6))[1]
+    zero = taps - taps.detach()
+    h = mlstm_states(a["q"], a["k"], a["v"], a["igate"], a["fgate"], a.get("state"), tap=zero, eps=a.get("eps", 1e-6))[1]
     return (h - h.detach()).transpose(1, 2)
 
 

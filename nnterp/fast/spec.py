@@ -27,7 +27,7 @@ specs built from them (``FAST``, ``EFFECTIVE``):
   ``arguments``, turned into what it would have returned starting from
   ``initial`` (exact: the recurrence is linear in its start state);
 * ``tap(arguments, taps)``: an exact zero in the layout of the kernel's output
-  that depends on ``taps`` (a zero leaf of the states' shape) as the later
+  that depends on ``taps`` (a leaf of the states' shape, holding them) as the later
   tokens' outputs read an addition to each state; added to the call's output
   under autograd, so the output's gradient reaches the state after every token
   (``states.grad``: lightning attention's, the mLSTM's).
