@@ -72,7 +72,7 @@ def gradient_reasons(mixer: Any, through_kernel: bool = False) -> dict[str, str 
         elif reason is None:
             reason = type(mixer).GRADIENTLESS.get(name, NEVER.get(name))
         if reason is None and name == "states" and isinstance(strategy_for(mixer), FromArguments):
-            reason = FAST_STATES
+            reason = FAST_STATES if type(mixer).tap_states is None else None  # a kind's tap serves it (`Mixer.tap_states`)
         if reason is None and name == "state_output" and needs_recurrent_routing(mixer) is not None:
             reason = FINAL_STATE
         reasons[name] = reason

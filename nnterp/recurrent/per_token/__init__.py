@@ -53,7 +53,10 @@ __all__ = [
 
 
 def default_strategy(mixer: Mixer) -> PerToken:
-    """The component's own way: `ChunkBoundaries` for a chunked scan (Mamba-2), `TokenLoop` otherwise."""
+    """The component's own way: `FromArguments` where it is its only one (``FAST_ONLY``: the short convolution),
+    `ChunkBoundaries` for a chunked scan (Mamba-2), `TokenLoop` otherwise."""
+    if type(mixer).FAST_ONLY:
+        return FROM_ARGUMENTS
     return CHUNK_BOUNDARIES if type(mixer).CHUNKED_SCAN else TOKEN_LOOP
 
 
@@ -64,7 +67,8 @@ def strategy_for(mixer: Mixer) -> PerToken:
     ``chunk_per_token(model)`` -> `ChunkBoundaries`; otherwise the component's
     own (`default_strategy`): `TokenLoop` for the DeltaNets and Mamba-1 (served
     once the family is routed), `ChunkBoundaries` for Mamba-2 (which says to
-    call ``chunk_per_token`` until it is).
+    call ``chunk_per_token`` until it is), `FromArguments` for a ``FAST_ONLY``
+    component (the short convolution).
     """
     setting = mixer.__dict__.get(PER_TOKEN)  # `per_token_setting`, read here: asked by a value's check and its compute
     if setting == "fast":
@@ -86,7 +90,7 @@ def iteration_strategy(mixer: Mixer) -> PerToken:
 
 class OwnStateAfter(PerToken):
     """`PerToken`'s default ``states_of``, over a component's own ``state_after`` (a component serving the
-    per-token states its own way: a window, a method's loop)."""
+    per-token states its own way: the RG-LRU's decode step)."""
 
     name = "the component's own state_after"
 

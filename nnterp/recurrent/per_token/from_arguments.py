@@ -37,12 +37,18 @@ and:
 On a one-token decode step, ``states`` is the step's new state
 (``state_output``) and ``set_state_after(0, v)`` replaces it.
 
+A kind whose call is not that shape declares hooks (`Mixer`), never a branch
+here: its spec's own arguments (``fast_arguments``), its own run of a part
+(``run_kernel``), where the state it leaves goes when its kernel returns none
+(``FINAL_STATE`` ``None``, ``leave_state``), and its states tapped under
+autograd (``tap_states``): the short convolution declares all four.
+
 Differences from the routed path, all deliberate: states equal it within
 float32 rounding, not bit for bit, in a bfloat16 model too (`nnterp.fast.state_space`:
 Mamba-2's time step is rounded as the kernel rounds it); under autograd they
 are a function of the kernel's arguments (a loss on them reaches the
 arguments), but the kernel never reads them, so a loss on the model's output
-has no gradient by them (route, or ``chunk_per_token`` on Mamba-2, for that;
+has no gradient by them (unless the kind taps them, ``tap_states``) (route, or ``chunk_per_token`` on Mamba-2, for that;
 ``set_state_after`` targets do get one, the split kernel reads them); a read after a write in
 the same call is allowed and sees the write. ``state`` under ``tracer.iter`` is not served here (there
 is no per-token location): it stays the component's own strategy.
@@ -91,8 +97,10 @@ class FromArguments(PerToken):
         mediator(f"`linear_attn.{what}`")
         call = mixer.record()
         if not call.decodes and "named" not in call.strategy:
-            # Tokens first (the layouts applied), as the spec takes them (the prompt kernel's table: not decoding).
-            arguments = dict(call.serve_all())
+            # Tokens first (the layouts applied), as the spec takes them (the prompt kernel's table: not decoding), or
+            # as the kind hands them to its spec (`Mixer.fast_arguments`: the short convolution's input and window).
+            own = type(mixer).fast_arguments
+            arguments = dict(call.serve_all()) if own is None else mixer.fast_arguments(call)
             # The entering state as one of the spec's own states, a copy: a continued cache's buffer, which the cache
             # overwrites after the kernel returns. Every run of the call starts from one of those (`piece`, `cut`).
             entering = type(mixer).FAST.entering_state(arguments)
@@ -107,6 +115,8 @@ class FromArguments(PerToken):
     def _run_kernel(self, mixer: Mixer, call: Call, lo: int, hi: int, initial: Any, final: bool) -> Any:
         """The bound kernel (whatever it is) on tokens ``[lo, hi)`` of the call, from ``initial``."""
         cls = type(mixer)
+        if cls.run_kernel is not None:
+            return mixer.run_kernel(call, lo, hi, initial)  # the kind runs a part its own way (`Mixer.run_kernel`)
         if ONE_PASS and cls.FAST.ring and runs_pure_torch(mixer) and not recording(initial):
             arguments = piece(cls.FAST, call.strategy["named"], lo, hi, initial)
             if not torch.is_grad_enabled() or not any(recording(x) for x in arguments.values()):  # (asked once when off)
@@ -147,6 +157,8 @@ class FromArguments(PerToken):
                 spec.compute(piece(spec, arguments, lo, hi, initial), out[:, lo:hi])
         for t, value in call.writes.items():
             out[:, t] = value
+        if differentiable and not call.writes and type(mixer).tap_states is not None:
+            out = mixer.tap_states(call, out)  # a leaf the outputs read through: its .grad is the loss's (`Mixer.tap_states`)
         call.states_read = True
         call.advance(call.seq - 1, "states")
         return out
@@ -160,7 +172,10 @@ class FromArguments(PerToken):
         if position in call.writes:
             return call.writes[position]
         lo, hi, initial = self.segments(call, position + 1)[-1]
-        final = self._run_kernel(mixer, call, lo, hi, initial, True)[type(mixer).FINAL_STATE]
+        if type(mixer).FINAL_STATE is None:
+            final = self._last_state(mixer, call, lo, hi, initial)  # the kernel returns none: the spec's
+        else:
+            final = self._run_kernel(mixer, call, lo, hi, initial, True)[type(mixer).FINAL_STATE]
         if type(mixer).FAST.leaving is not None:
             final = type(mixer).FAST.leaving(final)  # the kernel's own format (RWKV-4's triple) as one of the states
         call.advance(position, what)
@@ -252,11 +267,23 @@ class FromArguments(PerToken):
             Mediator.swap(f"{call.op.path}.output", result)
         call.strategy["served"] = True
 
+    def _last_state(self, mixer: Mixer, call: Call, lo: int, hi: int, initial: Any) -> torch.Tensor:
+        """The state after token ``hi - 1`` of the run ``[lo, hi)`` from ``initial``, by the spec: for a kernel whose
+        return holds no final state (``FINAL_STATE`` is ``None``)."""
+        spec = type(mixer).FAST
+        return spec.compute(piece(spec, call.strategy["named"], lo, hi, initial), None)[:, -1].clone()
+
     def _split_result(self, mixer: Mixer, call: Call) -> Any:
         """What the call returns with its writes: the segments' outputs, and the final state."""
         flag = bool(call.strategy["named"].get("final") or False)
-        results = [self._run_kernel(mixer, call, lo, hi, initial, flag) for lo, hi, initial in self.segments(call)]
+        runs = self.segments(call)
+        results = [self._run_kernel(mixer, call, lo, hi, initial, flag) for lo, hi, initial in runs]
         axis = type(mixer).FAST.output_axis
+        if type(mixer).FINAL_STATE is None:
+            # The forward keeps the state the call leaves itself (LFM2 caches its window before the kernel runs): the
+            # write on the last token, or the last run's, goes there (`Mixer.leave_state`).
+            last = call.writes.get(call.seq - 1)
+            mixer.leave_state(call, self._last_state(mixer, call, *runs[-1]) if last is None else last)
         if not isinstance(results[-1], tuple):
             return torch.cat(results, dim=axis)  # a kernel returning its output only (no final state asked)
         result = replace_in(tuple(results[-1]), 0, torch.cat([r[0] for r in results], dim=axis))

@@ -39,8 +39,12 @@ class Mixer(Protocol):
     OWN_ONE_PASS: Any
     CHUNK_ARGUMENTS: dict
     CHUNK_FUNCTION: str
-    FINAL_STATE: int
+    #: ``None`` where the kernel's return holds no final state (the forward keeps it itself: `leave_state`).
+    FINAL_STATE: int | None
     CHUNKED_SCAN: bool
+    #: Whether `FromArguments` is the component's own strategy, whatever the setting: its states are exact functions
+    #: of the call's arguments and no kernel holds them to read (the short convolution's windows).
+    FAST_ONLY: bool
     #: The labels (`nnterp.recurrent.labels`): the state bound once per token in the token loop, the new state in a
     #: one-step decode kernel, and the chunk scan's boundary states (Mamba-2 only).
     STATE_OP: str | None
@@ -98,12 +102,25 @@ class Mixer(Protocol):
         """The prompt kernel as its call source calls it: the function bound to ``CHUNK_FUNCTION`` in the modeling
         module, or a method call's method bound to its module (the RG-LRU's ``_rnn_scan``); a split call runs it."""
 
-    def run_kernel(self, call: Call, lo: int, hi: int, initial: Any) -> Any:
-        """A method-call source's kernel (the mLSTM's backend) on tokens ``[lo, hi)`` of ``call``, from ``initial``:
-        its own return, so a split call is its parts' returns joined."""
+    #: A kind's own ``fast_arguments(call)``: the call's arguments as its ``FAST`` spec takes them, tokens first (the
+    #: short convolution's input cut to the call's own tokens, and the window entering it); ``None``
+    #: (`RecurrentMixer`'s default): the kernel's named arguments (`Call.serve_all`).
+    fast_arguments: Callable[[Call], dict] | None
 
-    def cache_window(self) -> torch.Tensor | None:
-        """A short convolution's cache window buffer, written in place (``None`` without a cache)."""
+    #: A kind's own ``run_kernel(call, lo, hi, initial)``: its kernel on tokens ``[lo, hi)`` of ``call``, from state
+    #: ``initial``, returning what the kernel call returns for those tokens, so a split call is its parts' returns
+    #: joined (the mLSTM's backend; the short convolution's input with ``initial`` as its window). ``None``
+    #: (`RecurrentMixer`'s default): `FromArguments` cuts the kernel's arguments and runs `kernel_function`.
+    run_kernel: Callable[[Call, int, int, Any], Any] | None
+
+    #: A kind's own ``tap_states(call, states)``: under autograd, ``states`` ``[batch, seq, ...state]`` served as a
+    #: leaf the call's outputs are read through, so ``states.grad`` is the loss's derivative by each (the short
+    #: convolution's windows, where later tokens read them); ``None``: the states are computed beside the kernel.
+    tap_states: Callable[[Call, torch.Tensor], torch.Tensor] | None
+
+    def leave_state(self, call: Call, value: torch.Tensor) -> None:
+        """Make ``value`` the state the call leaves (what the next call starts from), where the kernel's return
+        holds none (``FINAL_STATE`` is ``None``: LFM2's forward caches its window before the kernel runs)."""
 
     def kernel_reason(self) -> str | None:
         """Why the bound kernel has no Python loop to read, beyond the bindings ``needs_torch_kernels`` checks."""
