@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM
 
 from nnterp import StandardizedTransformer, fast_states
 from nnterp.components.selective_scan import SelectiveScan
+from nnterp.components.short_convolution import ShortConvolution
 from nnterp.components.state_space import StateSpace
 from nnterp.components.wkv import WKV
 from nnterp.families import REGISTRY
@@ -135,8 +136,9 @@ def test_two_invokes_sharing_a_call_run_the_kernel(loaded):
 
 #: Mamba-1 and Mamba-2 families: transformers' torch kernel (a token loop, a chunk scan) is slower than the pass.
 RING = [t for t in FAST if issubclass(REGISTRY[t].MIXER, (SelectiveScan, StateSpace))]
-#: RWKV-4's: its one pass is float32 only (its kernel mixes the model's dtype into the state's float32 updates).
-FLOAT32 = [t for t in FAST if issubclass(REGISTRY[t].MIXER, WKV)]
+#: RWKV-4's and the short convolution's: their one pass is float32 only (RWKV-4's kernel mixes the model's dtype into
+#: the state's float32 updates; the convolution's body convolves in the weight's dtype).
+FLOAT32 = [t for t in FAST if issubclass(REGISTRY[t].MIXER, (WKV, ShortConvolution))]
 #: The delta rule's and the RG-LRU's families: transformers' torch kernels compute in float32 from any dtype and round
 #: their output only.
 DELTA = [t for t in FAST if t not in RING and t not in FLOAT32]

@@ -85,6 +85,16 @@ def fast_model(request, load):
     return load(request.param)
 
 
+#: The fast path's kinds whose `states` are computed beside the kernel, like `states_of`; a kind that taps them
+#: (`Mixer.tap_states`: the short convolution) serves a leaf its outputs read through instead (tests/recurrent/test_gradients.py).
+BESIDE = tuple(kind for kind in FAST_KINDS if REGISTRY[kind].MIXER.tap_states is None)
+
+
+@pytest.fixture(scope="module", params=BESIDE)
+def beside_model(request, load):
+    return load(request.param)
+
+
 @pytest.fixture(scope="module", params=CASES, ids=[f"{kind}-{name}" for kind, name in CASES])
 def case(request, load):
     kind, name = request.param
@@ -131,8 +141,9 @@ def test_the_order_rules_are_state_afters(case):
                 # nnterp's OrderError names the order; a component reading its own bindings (LFM2's gates) gets nnsight's.
                 outcomes.append("refused")
         assert outcomes[0] == outcomes[1], outcomes
-        # A component computing its states from the call's arguments (the mLSTM, lightning attention) reads them later too.
-        from_arguments = name == "fast" or getattr(type(mix), "STATES_FROM_ARGUMENTS", False)
+        # A component computing its states from the call's arguments (the mLSTM, lightning attention; the short
+        # convolution, whose own strategy is the fast path) reads them later too.
+        from_arguments = name == "fast" or type(mix).FAST_ONLY or getattr(type(mix), "STATES_FROM_ARGUMENTS", False)
         assert outcomes[0] == (None if from_arguments else "refused")
         with pytest.raises(PositionError, match="outside this call"), model.trace(ids):
             mix.states_of([0, ids.shape[1]])
@@ -208,8 +219,8 @@ def test_on_a_decode_step_the_only_position_is_the_new_state(model):
 
 
 
-def test_on_the_fast_path_under_autograd_a_function_of_the_arguments(fast_model, monkeypatch):
-    model = fast_model
+def test_on_the_fast_path_under_autograd_a_function_of_the_arguments(beside_model, monkeypatch):
+    model = beside_model
     monkeypatch.setattr(from_arguments, "SELECTION_BLOCK", 4)
     ids, mix = ids_of(model), first_mixer(model)
     with fast(model), model.trace(ids):

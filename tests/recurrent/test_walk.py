@@ -77,6 +77,8 @@ ATTACHED = {
     ("rwkv", "fast", "set_state_after"): (73, 9, 39),
     ("recurrent_gemma", "fast", "states"): (100, 15, 51),
     ("recurrent_gemma", "fast", "set_state_after"): (83, 8, 41),
+    ("lfm2", "fast", "states"): (135, 14, 60),
+    ("lfm2", "fast", "set_state_after"): (52, 8, 27),
 }
 BASELINE = {**BEFORE, **ATTACHED}
 SLACK = 1.10
@@ -98,6 +100,12 @@ MOVED = {
         9,
         "lightning's record and states moved from its component's satellites into the engine's layers "
         "(recurrent/forward_call.py, recurrent/per_token/forward.py): 2 more files, 31 -> 32 hops",
+    ),
+    ("lfm2", "plain", "states"): (
+        14,
+        "the short convolution's own strategy moved from its serving object (per_token/windows.py) onto FromArguments "
+        "(FAST_ONLY), which reads its spec (fast/spec.py, fast/short_convolution.py), buffers and settings: "
+        "4 more files, 147 -> 136 calls, 55 -> 60 hops",
     ),
 }
 #: The walks that meet their target (hard assertions): those that met it before, and `REACHED_SINCE`.
@@ -131,14 +139,16 @@ def test_the_walks_are_every_kind_under_its_own_settings(walks):
         ("mamba2", "chunks", "boundaries", "state_space"),
         ("qwen3_5_text", "routed", "loop", "gated_deltanet"),
         ("qwen3_5_text", "fast", "from_arguments", "gated_deltanet"),
+        ("lfm2", "plain", "from_arguments", "short_convolution"),
     ],
-    ids=["mamba2-chunk-boundaries", "deltanet-token-loop", "deltanet-from-arguments"],
+    ids=["mamba2-chunk-boundaries", "deltanet-token-loop", "deltanet-from-arguments", "short-convolution-from-arguments"],
 )
 def test_a_write_walks_its_strategy_the_record_and_its_component(walks, model_type, setting, strategy, component):
     entered = set(walks[model_type, setting, "set_state_after"]["files"])
     assert f"recurrent/per_token/{strategy}.py" in entered and "recurrent/call.py" in entered
     assert entered & STRATEGIES == {f"recurrent/per_token/{strategy}.py"}
-    assert entered - SHARED - STRATEGIES <= {f"components/{component}.py"}
+    # Beyond the shared helpers: the component's file, and its kind's arithmetic (the short convolution's final window).
+    assert entered - SHARED - STRATEGIES <= {f"components/{component}.py", f"fast/{component}.py"}
 
 
 @pytest.mark.parametrize("key", KEYS, ids=[_id(key) for key in KEYS])
