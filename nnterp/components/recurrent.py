@@ -45,10 +45,8 @@ from ..recurrent.per_token.loop import needs_recurrent_routing
 from ..recurrent.routing import route_delta_rule, route_kernels, track  # noqa: F401  (documented here)
 from ..recurrent.settings import REMOTE
 
-__all__ = [
-    "RecurrentMixer", "kernel", "kernel_argument", "EffectiveAttention", "needs_torch_kernels", "needs_recurrent_routing",
-    "route_kernels", "route_delta_rule", "per_call", "pinned",
-]
+__all__ = ["RecurrentMixer", "kernel", "kernel_argument", "EffectiveAttention", "needs_torch_kernels", "needs_recurrent_routing",
+           "route_kernels", "route_delta_rule", "per_call", "pinned"]
 
 #: The per-call record key of the mixer's strategy (`per_token.strategy_for`, once per call: settings hold in a trace).
 STRATEGY = "per-token strategy"
@@ -86,17 +84,17 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
     STATE_VARIABLE: str = ""
     ONE_STEP_DECODE: bool = False
     CHUNKED_SCAN: bool = False
+    STATES_FROM_ARGUMENTS = False  # `FromArguments` its own strategy, whatever the setting (`Mixer.STATES_FROM_ARGUMENTS`)
     FAST: FastSpec | None = None
     FAST_CONSTANTS: dict[str, str] = {}  # what FAST reads off the module beside the call (`Mixer.FAST_CONSTANTS`)
     OWN_ONE_PASS: Callable | None = None  # its own strategy's one pass (`Mixer.OWN_ONE_PASS`)
-    #: Its effective attention (`nnterp.fast.spec`), from the kernel call's arguments, or ``None``.
-    EFFECTIVE: EffectiveSpec | None = None
+    EFFECTIVE: EffectiveSpec | None = None  # its effective attention (`nnterp.fast.spec`), from the kernel's arguments
     #: Values of this component no gradient reaches, beyond the shared ones (`gradient_support.NEVER`): name -> why.
     GRADIENTLESS: dict[str, str] = {}
     CHUNK_ARGUMENTS: arguments.Signature = {}
     RECURRENT_ARGUMENTS: arguments.Signature = {}
     SEQ_ARGUMENT: str = "q"
-    FINAL_STATE = 1  # which element of the kernel's return is the final state
+    FINAL_STATE: int | None = 1  # the kernel return's element holding the final state (None: none, `Mixer.leave_state`)
     #: Whether the forward also uses, outside the kernel, tensors it passes the kernel in another layout than served (Mamba-1's
     #: ``x`` feeds ``x_proj``): the kernel then gets its own node of each under autograd (`arguments.own_nodes`).
     SHARED_ARGUMENTS = False
@@ -326,17 +324,14 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
         return once_per_call(self, STRATEGY, per_token.strategy_for).state_after(self, t)
 
     def states_of(self, positions: Any) -> torch.Tensor:
-        """The states after tokens ``positions`` of this call only, ``[batch, len(positions), ...state]``, float32.
-
-        ``positions``: a sequence of ints (a list, a tuple, a range, a 1-d tensor), negative ones counting from the
-        call's end, in the order given (repeats allowed). Equal to ``states[:, positions]``; with ``fast_states(model)``
-        only the tokens up to the last selected one are computed, and memory is the selection plus one block of
-        tokens. Order: as `state_after` at each of them. Gradients: the result is a new tensor the model does not
-        read, so its ``.grad`` never comes; read ``states.grad`` or ``state_after(t).grad``.
-        """
+        """``states[:, positions]`` of this call only, ``[batch, len(positions), ...state]``, float32; ``positions``: a
+        sequence of ints (a list, a tuple, a range, a 1-d tensor), negative ones counting from the call's end, in the
+        order given (repeats allowed). With `FromArguments` only the tokens up to the last selected one are computed, in
+        memory the selection plus one block. Order: as `state_after` at each. Gradients: a new tensor the model does
+        not read, so its ``.grad`` never comes; read ``states.grad`` or ``state_after(t).grad``."""
         strategy = once_per_call(self, STRATEGY, per_token.strategy_for)
         if type(self).state_after is not RecurrentMixer.state_after and not isinstance(strategy, per_token.FromArguments):
-            strategy = per_token.OWN_STATE_AFTER  # a kind's own state_after (a window; the RG-LRU's decode step)
+            strategy = per_token.OWN_STATE_AFTER  # a kind's own state_after (the RG-LRU's decode step)
         return strategy.states_of(self, positions)
 
     def set_state_after(self, t: int, value: torch.Tensor) -> None:
@@ -357,8 +352,13 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
         """The source of the token loop inside kernel call ``op`` (RWKV's kernel calls its loop: one level further)."""
         return drill(op)
 
-    #: A kind's own ``token_state(call, occurrence)`` (`Mixer.token_state`), or ``None``: the token loop reads the op.
+    #: A kind's own hooks (`Mixer` documents each), or ``None``: ``token_state`` (else the token loop reads the op),
+    #: and `FromArguments`' ``fast_arguments`` (else the kernel's named arguments), ``run_kernel`` (else its split cuts
+    #: them for `kernel_function`), ``tap_states`` (else the states are computed beside the kernel).
     token_state: Callable | None = None
+    fast_arguments: Callable | None = None
+    run_kernel: Callable | None = None
+    tap_states: Callable | None = None
 
     def token_ops(self, call: Call, position: int) -> list:
         """The ops `token_state` reads the state after ``position`` from: the order check asks that none has passed it."""

@@ -14,9 +14,10 @@ Its only state is the convolution window, the last ``L`` inputs
 newest last), which the cache keeps (``cache.layers[i].conv_states[0]``) and
 which a token reads as ``conv_out_t = Σ_i w[:, i] ⊙ W_t[:, i] + b``. There is
 no decay, no state matrix and no recurrence beyond the window: the state after
-token ``t`` is a function of the inputs ``u`` alone, so it is computed exactly
-from the convolution's input (the kernel call's first argument), on a prompt
-and on a decode step, with no routing.
+token ``t`` is a function of the inputs ``u`` alone, so `FromArguments` computes
+it exactly from the convolution's input (the kernel call's first argument), on
+a prompt and on a decode step, with no routing and whatever the setting
+(``STATES_FROM_ARGUMENTS``: there is no token loop or chunk boundary to read instead).
 
 Values, in the order the forward makes them (``seq`` is this call's tokens,
 one on a decode step; ``conv_channels`` is ``hidden``):
@@ -32,11 +33,12 @@ one on a decode step; ``conv_channels`` is ``hidden``):
   assign it to convolve over another window. ``state_output``: the window
   after the call's last token. They are ``conv_state_input`` /
   ``conv_state_output``, served under both names.
-* ``states`` ``[batch, seq, conv_channels, conv_width]``, ``state_after(t)``:
-  the window after each token; ``set_state_after(t, window)``: the tokens
-  after ``t`` convolve over ``window`` (the outputs of tokens ``t+1 ..
-  t+L-1`` are recomputed from it, token ``t``'s stays as computed; on the
-  call's last token the cache keeps it). In the model's dtype.
+* ``states`` ``[batch, seq, conv_channels, conv_width]``, ``state_after(t)``,
+  ``states_of(positions)``: the window after each token, float32 (exact: its
+  entries are the model's own); ``set_state_after(t, window)`` splits the
+  kernel call: tokens up to ``t`` run over the entering window, the rest over
+  ``window`` (only tokens ``t+1 .. t+L-1`` read it), and the cache keeps the
+  window after the call's last token.
 * ``effective_attention`` ``[batch, conv_channels, seq, seq]``: exact, one
   banded pattern per channel, ``A[c, t, s] = w[c, L-1-(t-s)] B_s[c]`` for
   ``0 <= t - s < L``: the convolution kernel's output is ``Σ_s A[c, t, s]
@@ -61,8 +63,8 @@ location that occurs once per token). The convolution weights are weights
 Failure mode worth knowing: the kernel's first argument on a prompt with a
 cache is the window entering the call followed by the call's inputs (or the
 inputs left-padded to ``L``), not the inputs alone; ``conv_input`` and the
-states cut it to the call's own tokens, so never index the raw
-``argument("x")`` by token position.
+states cut it to the call's own tokens (`fast_arguments`), so never index the
+raw ``argument("x")`` by token position.
 """
 
 from __future__ import annotations
@@ -78,15 +80,17 @@ from torch import Tensor
 from ..core.calls import forget, mediator, per_call
 from ..core.dims import BATCH, CONV_CHANNELS, CONV_WIDTH, SEQ, ConvState
 from ..core.errors import Unavailable
-from ..core.values import DerivedEProperty, check_expected
+from ..core.values import DerivedEProperty, Key, check_expected
 from ..fast.short_convolution import EFFECTIVE as SHORT_CONV_ATTENTION
+from ..fast.short_convolution import FAST as SHORT_CONV_WINDOWS
+from ..fast.short_convolution import window_reads
+from ..recurrent import per_token
 from ..recurrent.arguments import CHANNELS_FIRST, PARAMETER, SAME
 from ..recurrent.call import Call
-from ..recurrent.gradients import recording
+from ..recurrent.gradients import fill, recording, tap
 from ..recurrent.kernels import unreadable_call
 from ..recurrent.labels import Label, call_label
 from ..recurrent.no_cache import no_cache_reason
-from ..recurrent.per_token.windows import WINDOWS, extended
 from .conv import conv_state_input, conv_state_output
 from .recurrent import RecurrentMixer
 
@@ -135,6 +139,11 @@ class ShortConvolution(RecurrentMixer):
     ONE_STEP_DECODE = True
     SEQ_ARGUMENT = "x"
     EFFECTIVE = SHORT_CONV_ATTENTION
+    #: Served by `FromArguments` whatever the setting (module docstring); a write splits the kernel call (`run_kernel`).
+    FAST = SHORT_CONV_WINDOWS
+    STATES_FROM_ARGUMENTS = True
+    #: The kernel returns the outputs only: the forward caches the window before it runs (`leave_state`).
+    FINAL_STATE = None
     VALUE_ARGUMENT = "x"
     #: The call in the forward that splits ``in_proj``'s output into ``B, C, x``.
     GATES_FUNCTION = "BCx_chunk"
@@ -161,8 +170,7 @@ class ShortConvolution(RecurrentMixer):
         return bool(layer.has_previous_state[0]) and not getattr(layer, "record_past", False)
 
     def dims(self) -> dict[str, int]:
-        module = self._module
-        return {"conv_channels": module.conv.weight.shape[0], "conv_width": module.conv_kernel_size}
+        return {"conv_channels": self._module.conv.weight.shape[0], "conv_width": self._module.conv_kernel_size}
 
     def _prompt_state_shape(self, call: Call) -> tuple:
         return (call.args[0].shape[0], *self.dims().values())
@@ -216,8 +224,8 @@ class ShortConvolution(RecurrentMixer):
         call = RecurrentMixer.record(self)
         if "extended" not in call.strategy:
             # Once per call, while the worker waits at the kernel's start (the decode kernel updates the window in place).
-            seq, width = self._call()["seq"], self._module.conv_kernel_size
-            x = call.args[0]
+            entry, width = self._call(), self._module.conv_kernel_size
+            seq, x = entry["seq"], call.args[0]
             call.strategy["fresh"] = not call.decodes and x.shape[-1] < seq + width
             if call.decodes:
                 extended = torch.cat([call.args[1].clone(), x.to(call.args[1].dtype)], dim=-1)
@@ -225,18 +233,14 @@ class ShortConvolution(RecurrentMixer):
                 extended = F.pad(x, (seq + width - x.shape[-1], 0))  # a fresh prompt: zeros before it
             else:
                 extended = x[..., x.shape[-1] - seq - width:]
+            # ``[batch, conv_channels, L + seq]``: the window entering the call, then its inputs (`fast_arguments`).
             call.seq = seq
-            call.strategy.update(extended=extended, versions=[(-1, extended)])
+            # The cache, where a write's window goes, and the kernel bound now, which a write's split runs.
+            call.strategy.update(extended=extended, cache=entry["cache"], kernel=self.kernel_function())
         return call
 
-    def _extended(self) -> torch.Tensor:
-        """``[batch, conv_channels, conv_width + seq]``: the window entering the call, then the call's inputs (the
-        window after token ``t`` is ``[..., t+1 : t+1+L]``; `nnterp.recurrent.per_token.windows`)."""
-        return extended(self.record())
-
     def _conv_input(self) -> torch.Tensor:
-        width = self._module.conv_kernel_size
-        return self._extended()[..., width:].transpose(1, 2)
+        return self.fast_arguments(self.record())["u"]
 
     GRADIENTLESS = {
         "conv_input": "u = B * x is served for reading, sliced from the window the kernel convolves, which is built "
@@ -261,10 +265,6 @@ class ShortConvolution(RecurrentMixer):
         layer = cache.layers[self._module.layer_idx]
         return layer.conv_states[0][_rows()] if layer.has_previous_state[0] else None
 
-    def cache_window(self) -> torch.Tensor | None:
-        """The cache's window buffer (this invoke's rows), or ``None`` without a cache or on a fresh prompt."""
-        return self._window(False)
-
     def _state_input(self) -> torch.Tensor | None:
         if self._call()["cache"] is None:
             return None
@@ -281,89 +281,105 @@ class ShortConvolution(RecurrentMixer):
         check_expected("`linear_attn.state_input`", value, tuple(window.shape), window.dtype, window.device)
         window.copy_(value)
 
+    def _enter(self) -> None:
+        # The record too, where the kernel call is readable: a per-token read after this one finds its arguments kept.
+        self.record() if unreadable_call(self) is None else self._call()
+
     def read_state_output(self) -> torch.Tensor:
-        self._call()
+        self._enter()
         Mediator.value(f"{self.path}.output")
         return self._window(True).clone()
 
     def write_state_output(self, value: torch.Tensor) -> None:
-        self._call()
+        self._enter()
         Mediator.value(f"{self.path}.output")
         window = self._window(True)
         check_expected("`linear_attn.state_output`", value, tuple(window.shape), window.dtype, window.device)
         window.copy_(value)
 
     state_input = DerivedEProperty(
-        _state_input,
-        assign=_assign_state_input,
+        _state_input, assign=_assign_state_input, annotation=ConvState, none_on_fresh_prompt=True,
         description="the convolution window entering this call, a copy (None on a fresh prompt), [batch, conv_channels, conv_width]; assign to convolve over another",
-        annotation=ConvState,
-        none_on_fresh_prompt=True,
     )
     state_output = DerivedEProperty(
-        read_state_output,
-        assign=write_state_output,
+        read_state_output, assign=write_state_output, annotation=ConvState,
         description="the convolution window after this call's last token, [batch, conv_channels, conv_width]",
-        annotation=ConvState,
     )
     conv_state_input = conv_state_input()
     conv_state_output = conv_state_output()
 
     # -- `state` under tracer.iter: no location occurs once per token ------------------
 
-    def _no_location(self) -> str:
-        return NO_TOKEN_LOCATION
-
     def _iterated_state(self) -> torch.Tensor:
         raise Unavailable("linear_attn.state", NO_TOKEN_LOCATION)
 
     state = DerivedEProperty(
-        _iterated_state,
-        assign=lambda envoy, value: envoy._iterated_state(),
-        description="the window after a token under tracer.iter: unavailable (no per-token location); use states / state_after",
-        unavailable=_no_location,
+        _iterated_state, assign=lambda envoy, value: envoy._iterated_state(), unavailable=lambda envoy: NO_TOKEN_LOCATION,
         annotation=ConvState,
+        description="the window after a token under tracer.iter: unavailable (no per-token location); use states / state_after",
     )
 
-    # -- the window after every token: its own strategy (`nnterp.recurrent.per_token.windows`) -----------
-
-    def state_after(self, t: int) -> torch.Tensor:
-        """The window after token ``t`` of this call, ``[batch, conv_channels, conv_width]`` (negative ``t`` from the end)."""
-        return WINDOWS.state_after(self, t)
-
-    def set_state_after(self, t: int, value: torch.Tensor) -> None:
-        """The tokens after ``t`` convolve over ``value``, ``[batch, conv_channels, conv_width]``; token ``t`` keeps its output.
-
-        The outputs of tokens ``t+1 .. t+L-1`` of this call are recomputed from
-        the written window (later tokens no longer read it), and the cache keeps
-        the window after the call's last token, so a write on the last token
-        is what the next call starts from. Writes in one call come in
-        increasing positions, after any `states` read.
-        """
-        WINDOWS.set_state_after(self, t, value)
+    # -- the window after every token: `FromArguments` over the hooks below (`nnterp.recurrent.per_token.protocol`) --
 
     states = DerivedEProperty(
-        WINDOWS.states,
-        description="the convolution window after every token of this call, [batch, seq, conv_channels, conv_width]",
-        unavailable=unreadable_call,
-        annotation=ConvStates,
-    )
+        per_token.every_state, key=Key(per_token.every_state, "_states"), unavailable=unreadable_call, annotation=ConvStates,
+        description="the convolution window after every token of this call, [batch, seq, conv_channels, conv_width], float32",
+    )  # cut from the kernel call's input: unavailable only where a hub module hides the call
+
+    def fast_arguments(self, call: Call) -> dict:
+        """What `FAST` computes the windows from (`Mixer.fast_arguments`): the convolution's input ``u`` cut to the
+        call's own tokens (the kernel's holds the entering window or zeros first), its weight and bias, and the window
+        entering the call (``None``: zeros, a fresh prompt)."""
+        width, extended = self._module.conv_kernel_size, call.strategy["extended"]
+        return {
+            "u": extended[..., width:].transpose(1, 2), "weight": self._module.conv.weight.squeeze(1),
+            "bias": self._module.conv.bias, "window": None if call.strategy["fresh"] else extended[..., :width],
+        }
+
+    def run_kernel(self, call: Call, lo: int, hi: int, initial: torch.Tensor | None) -> torch.Tensor:
+        """The bound kernel on tokens ``[lo, hi)`` of the call over window ``initial``, its output channel-first
+        (`Mixer.run_kernel`): the first part on the kernel's own input up to ``hi`` (the entering window or zeros
+        first, so the joined output keeps the kernel's length), a later one on ``[initial; u[lo:hi]]``."""
+        x, width = call.args[0], self._module.conv_kernel_size
+        start = x.shape[-1] - call.seq  # the call's own tokens start here in the kernel's input
+        part = x[..., : start + hi] if lo == 0 else torch.cat([initial.to(x.dtype), x[..., start + lo: start + hi]], dim=-1)
+        out = call.strategy["kernel"](part, *call.args[1:], **call.kwargs)
+        return out if lo == 0 else out[..., width:]
+
+    def leave_state(self, call: Call, value: torch.Tensor) -> None:
+        """Make ``value`` the window the cache keeps (this invoke's rows; nothing without a cache): the forward wrote
+        the cache before its kernel ran, so a write's split puts the window after the last token there (`Mixer.leave_state`)."""
+        if call.strategy["cache"] is not None:
+            call.strategy["cache"].layers[self._module.layer_idx].conv_states[0][_rows()].copy_(value)
+
+    def tap_states(self, call: Call, states: torch.Tensor) -> torch.Tensor:
+        """Under autograd: ``states`` as a zero leaf added to the kernel's output where each later token reads its
+        window (`window_reads`: exact zeros), filled with the states (`Mixer.tap_states`), one per call: its gradient
+        at ``t`` is the loss's derivative by the window after ``t`` as the later tokens read it (what a write moves)."""
+
+        def tapped() -> torch.Tensor:
+            leaf = tap(tuple(states.shape), states)
+            # The weight detached: the product must not keep the leaf for backward, since it is filled in place.
+            extra = window_reads(leaf, self._module.conv.weight.squeeze(1).detach())
+            output = call.op.output
+            start = output.shape[-1] - call.seq
+            added = torch.cat([output[..., :start], output[..., start:] + extra.transpose(1, 2).to(output.dtype)], dim=-1)
+            Mediator.swap(f"{call.op.path}.output", added)
+            return fill(leaf, states.detach())
+
+        return per_call(self, "tapped states", tapped)
 
     # -- effective attention: from the gates and the entering window -----------------
 
     def effective_inputs(self) -> dict:
         """What `_effective` reads: the input gate ``B``, the convolution's weight and bias, the entering window."""
-        entering = self._extended()[..., : self._module.conv_kernel_size]
-        return {
-            "B": self._gate(0), "weight": self._module.conv.weight.squeeze(1), "bias": self._module.conv.bias,
-            "window": None if self.record().strategy["fresh"] else entering,
-        }
+        inputs = self.fast_arguments(self.record())
+        return {"B": self._gate(0), "weight": inputs["weight"], "bias": inputs["bias"], "window": inputs["window"]}
 
     def replay_arguments(self) -> dict:
         """What a factorized store keeps of this call (`nnterp.recurrent.replay`, by `nnterp.fast.short_convolution`'s
-        names): the convolution's input ``u``, its weight and bias, the entering window."""
-        inputs = self.effective_inputs()
-        return {"u": self._conv_input(), "weight": inputs["weight"], "bias": inputs["bias"], "window": inputs["window"]}
+        names): the convolution's input ``u``, its weight and bias, the entering window (`fast_arguments`)."""
+        return self.fast_arguments(self.record())
 
     def _effective(self, positions: Any, selection: Any, coefficients: bool) -> tuple:
         return SHORT_CONV_ATTENTION.compute(self.effective_inputs(), positions, selection, coefficients)

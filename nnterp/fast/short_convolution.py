@@ -21,7 +21,7 @@ the window entering the call (``None``: zeros, a fresh prompt). The failure
 mode worth knowing: the window holds the *gated* input ``B ⊙ x``, not ``x``:
 a window patched from ``x`` would convolve ungated inputs without any error.
 
-By those names (`nnterp.fast.spec`): `states`, `state_shape`,
+By those names (`nnterp.fast.spec`): `states`, `one_pass`, `state_shape`,
 `effective_attention`; the specs ``FAST``, ``EFFECTIVE``.
 """
 
@@ -33,7 +33,7 @@ import torch
 
 from .spec import EffectiveSpec, FastSpec, indices
 
-__all__ = ["window_states", "states", "state_shape", "entering", "starting", "effective_attention", "FAST", "EFFECTIVE"]
+__all__ = ["window_states", "window_reads", "states", "one_pass", "state_shape", "entering", "starting", "effective_attention", "FAST", "EFFECTIVE"]
 
 
 def window_states(u: torch.Tensor, width: int, window: torch.Tensor | None = None) -> torch.Tensor:
@@ -45,11 +45,39 @@ def window_states(u: torch.Tensor, width: int, window: torch.Tensor | None = Non
     return extended.unfold(-1, width, 1)[:, :, 1:].transpose(1, 2)
 
 
+def window_reads(windows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``[batch, seq, conv_channels]``: what each token's convolution reads from the windows after the tokens before
+    it, ``Σ_{0<k<L} Σ_{i≥k} w[:, i-k] W_{t-k}[:, i]``, from ``windows`` ``[batch, seq, conv_channels, L]`` and
+    ``weight`` ``[conv_channels, L]``: token ``t+k`` reads entries ``k .. L-1`` of the window after ``t`` at taps
+    ``0 .. L-1-k``. In ``windows``' dtype; a zero leaf there collects each window's gradient as later tokens read it."""
+    seq, width = windows.shape[1], weight.shape[1]
+    reads = torch.zeros(windows.shape[:3], dtype=windows.dtype, device=windows.device)
+    for k in range(1, min(width, seq)):
+        read = (windows[:, : seq - k, :, k:] * weight[:, : width - k]).sum(-1)
+        reads = reads + torch.nn.functional.pad(read, (0, 0, k, 0))
+    return reads
+
+
 def states(arguments: dict, out: torch.Tensor | None = None) -> torch.Tensor:
     """`window_states` of a served call's arguments, copied into ``out`` when given."""
     a = arguments
     found = window_states(a["u"], a["weight"].shape[-1], a.get("window"))
     return found if out is None else out.copy_(found)
+
+
+def one_pass(arguments: dict, out: torch.Tensor) -> tuple | None:
+    """``(the kernel's output [batch, conv_channels, seq], the windows)``: ``causal_conv1d_fn``'s readout
+    ``Σ_i w[:, i] W_t[:, i] + b`` of the windows written into ``out``. Float32 only (``None`` otherwise): the
+    kernel's body convolves in the weight's dtype, which this sum would not equal in another. The output holds
+    the call's own tokens, which is what the forward keeps of the kernel's."""
+    a = arguments
+    if a["u"].dtype != torch.float32 or a["weight"].dtype != torch.float32:
+        return None
+    windows = states(a, out)
+    y = (windows * a["weight"]).sum(-1)  # [batch, seq, channels]
+    if a.get("bias") is not None:
+        y = y + a["bias"]
+    return y.transpose(1, 2), windows
 
 
 def state_shape(arguments: dict) -> tuple:
@@ -106,7 +134,9 @@ def starting(window: torch.Tensor | None) -> dict:
     return {"window": window}
 
 
-#: LFM2's ``causal_conv1d_fn`` / ``causal_conv1d_update`` over the gated input.
-FAST = FastSpec("short convolution", states, ("u",), state_shape, entering=entering, starting=starting)
+#: LFM2's ``causal_conv1d_fn`` / ``causal_conv1d_update`` over the gated input (their output channel-first).
+FAST = FastSpec(
+    "short convolution", states, ("u",), state_shape, one_pass=one_pass, output_axis=2, entering=entering, starting=starting
+)
 #: LFM2's short convolution over ``B ⊙ x``, prompt and decode step alike.
 EFFECTIVE = EffectiveSpec("short convolution", effective_attention, "channels")

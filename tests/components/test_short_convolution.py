@@ -177,6 +177,52 @@ class ShortConvolutionSuite(StateContract):
         torch.testing.assert_close(untouched, alone, **TOL, msg="the cache's other rows")
         assert torch.equal(written, donor), "this invoke's row of the cache"
 
+    @pytest.mark.parametrize("first, second", [(1, 2), (2, 6), (0, -1)])
+    def test_two_writes_in_one_call_convolve_each_part_over_its_window(self, model, ids, mixers, first, second):
+        """Each write splits the kernel call (`run_kernel`): against the reference convolution run on each part
+        from the window entering it, the written ones included, adjacent writes (both read by the same later
+        tokens' predecessors) and one on the last token; the cache keeps the last part's window."""
+        layer = mixers[-1]
+        mix = model.layers[layer].linear_attn
+        width = mix.dims()["conv_width"]
+        w1, w2 = (self.random_like(torch.zeros(1, mix.dims()["conv_channels"], width), seed=seed) for seed in (1, 2))
+        with torch.no_grad(), model.trace(ids):
+            B, C, x = mix.input_gates.save(), mix.output_gates.save(), mix.attention_values.save()
+            mix.set_state_after(first, w1)
+            mix.set_state_after(second, w2)
+            output = mix.attention_output.save()
+            kept = mix.state_output.save()
+        module, seq = mix._module, ids.shape[1]
+        weight, bias = module.conv.weight.squeeze(1), module.conv.bias
+        second = second % seq
+        y, windows = [], []
+        for lo, hi, window in ((0, first + 1, None), (first + 1, second + 1, w1), (second + 1, seq, w2)):
+            if hi == lo:
+                continue  # the second write on the last token: no token reads it in this call
+            part = gated_short_convolution(B[:, lo:hi], C[:, lo:hi], x[:, lo:hi], weight, bias, window)
+            y.append(part[0])
+            windows.append(part[1])
+        with torch.no_grad():
+            torch.testing.assert_close(output, module.out_proj(torch.cat(y, 1)), **TOL)
+        last = w2 if second == seq - 1 else torch.cat(windows, 1)[:, -1]
+        torch.testing.assert_close(kept.float(), last, **TOL)
+
+    def test_under_autograd_states_of_follows_the_inputs_and_states_is_what_the_outputs_read(self, model, ids, mixers):
+        """``states_of`` is a function of the inputs (the reference windows' gradient); ``states`` is the tapped
+        leaf, with the same values (its gradient against finite differences: tests/recurrent/test_gradients.py)."""
+        mix = model.layers[mixers[0]].linear_attn
+        with model.trace(ids):
+            B, x = mix.input_gates.save(), mix.attention_values.save()
+            got = mix.states_of([6, 2]).save()
+            states = mix.states.save()
+        assert states.is_leaf and states.requires_grad
+        _, windows = gated_short_convolution(B, B, x, mix._module.conv.weight.squeeze(1).detach())
+        torch.testing.assert_close(states.detach(), windows.detach(), **TOL)
+        weights = self.random_like(got)
+        (want,) = torch.autograd.grad((windows[:, [6, 2]] * weights).sum(), x, retain_graph=True)
+        (grad,) = torch.autograd.grad((got * weights).sum(), x)
+        torch.testing.assert_close(grad, want, **TOL)
+
     # -- decode steps against a plain greedy loop ---------------------------------------
 
     # -- effective attention ---------------------------------------------------------

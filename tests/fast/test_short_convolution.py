@@ -35,3 +35,14 @@ def test_the_spec_effective_attention_reproduces_the_convolution(entering):
     want_y, _ = gated_short_convolution(a["B"], C, x, a["weight"], a["bias"], a["window"])
     A, readout = EFFECTIVE.compute(a, None, None, True)
     close(C * channels_sum(A, readout, x), want_y, "outputs")
+
+
+@pytest.mark.parametrize("entering", [False, True])
+def test_the_one_pass_is_the_convolution_and_its_windows(entering):
+    a, C, x = served(entering)
+    want_y, want = gated_short_convolution(a["B"], C, x, a["weight"], a["bias"], a["window"])
+    out = torch.full(want.shape, float("nan"))
+    result, windows = FAST.one_pass(a, out)
+    assert windows is out and torch.equal(out, want)
+    torch.testing.assert_close(C * result.transpose(1, 2), want_y, rtol=1e-6, atol=1e-6)
+    assert FAST.one_pass({**a, "u": a["u"].bfloat16()}, out) is None, "float32 only: the body convolves in its own dtype"

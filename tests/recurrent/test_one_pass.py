@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM
 from nnterp import StandardizedTransformer, fast_states
 from nnterp.components.mlstm import MLSTM
 from nnterp.components.selective_scan import SelectiveScan
+from nnterp.components.short_convolution import ShortConvolution
 from nnterp.components.state_space import StateSpace
 from nnterp.components.wkv import WKV
 from nnterp.families import REGISTRY
@@ -142,9 +143,10 @@ def test_two_invokes_sharing_a_call_run_the_kernel(loaded):
 
 #: Mamba-1 and Mamba-2 families: transformers' torch kernel (a token loop, a chunk scan) is slower than the pass.
 RING = [t for t in COUNTED if issubclass(REGISTRY[t].MIXER, (SelectiveScan, StateSpace))]
-#: RWKV-4's and the mLSTM's: their one pass is float32 only (RWKV-4's kernel mixes the model's dtype into the state's
-#: float32 updates; the mLSTM backend's chunkwise kernel computes in the model's dtype).
-FLOAT32 = [t for t in COUNTED if issubclass(REGISTRY[t].MIXER, (WKV, MLSTM))]
+#: RWKV-4's, the mLSTM's and the short convolution's: their one pass is float32 only (RWKV-4's kernel mixes the model's
+#: dtype into the state's float32 updates; the mLSTM backend's chunkwise kernel computes in the model's dtype; the
+#: convolution's body convolves in the weight's dtype).
+FLOAT32 = [t for t in COUNTED if issubclass(REGISTRY[t].MIXER, (WKV, MLSTM, ShortConvolution))]
 #: The delta rule's and the RG-LRU's families: transformers' torch kernels compute in float32 from any dtype and round
 #: their output only.
 DELTA = [t for t in COUNTED if t not in RING and t not in FLOAT32]

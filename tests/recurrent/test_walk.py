@@ -82,6 +82,8 @@ ATTACHED = {
     ("minimax", "fast", "set_state_after"): (60, 9, 27),
     ("xlstm", "fast", "states"): (128, 15, 56),
     ("xlstm", "fast", "set_state_after"): (102, 9, 51),
+    ("lfm2", "fast", "states"): (135, 14, 60),
+    ("lfm2", "fast", "set_state_after"): (52, 8, 27),
 }
 #: `BEFORE` walks no longer walked, each with the change that retired it (its kind's walks are in `ATTACHED`).
 RETIRED = {
@@ -109,6 +111,12 @@ MOVED = {
         9,
         "lightning's record moved from its component's satellites into the engine's layers (recurrent/forward_call.py), "
         "and its writes go through RecurrentMixer's delegation to FromArguments as every kind's: 2 more files, 31 -> 27 hops",
+    ),
+    ("lfm2", "plain", "states"): (
+        14,
+        "the short convolution's own strategy moved from its serving object (per_token/windows.py) onto FromArguments "
+        "(STATES_FROM_ARGUMENTS), which reads its spec (fast/spec.py, fast/short_convolution.py), buffers and settings: "
+        "4 more files, 147 -> 136 calls, 55 -> 60 hops",
     ),
 }
 #: The walks that meet their target (hard assertions): those that met it before, and `REACHED_SINCE`.
@@ -143,8 +151,10 @@ def test_the_walks_are_every_kind_under_its_own_settings(walks):
         ("qwen3_5_text", "routed", "loop", "gated_deltanet"),
         ("qwen3_5_text", "fast", "from_arguments", "gated_deltanet"),
         ("xlstm", "fast", "from_arguments", "mlstm"),
+        ("lfm2", "plain", "from_arguments", "short_convolution"),
     ],
-    ids=["mamba2-chunk-boundaries", "deltanet-token-loop", "deltanet-from-arguments", "mlstm-from-arguments"],
+    ids=["mamba2-chunk-boundaries", "deltanet-token-loop", "deltanet-from-arguments", "mlstm-from-arguments",
+         "short-convolution-from-arguments"],
 )
 def test_a_write_walks_its_strategy_the_record_and_its_component(walks, model_type, setting, strategy, component):
     entered = set(walks[model_type, setting, "set_state_after"]["files"])

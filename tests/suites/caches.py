@@ -219,8 +219,11 @@ def of_kind(mixer: type) -> Cache:
     """The adapter of a kind with a fast path, for the tests run over every such kind (its suite's ``CACHE``)."""
     from nnterp.components.mlstm import MLSTM
     from nnterp.components.rg_lru import RGLRU
+    from nnterp.components.short_convolution import ShortConvolution
     from nnterp.components.wkv import WKV
 
     if issubclass(mixer, MLSTM):
         return PackedXLSTMCache(MLSTM.pack, MLSTM.unpack)
+    if issubclass(mixer, ShortConvolution):
+        return ConvCache()
     return ModuleState() if issubclass(mixer, RGLRU) else WKVState() if issubclass(mixer, WKV) else Cache()

@@ -53,14 +53,11 @@ __all__ = [
 
 def default_strategy(mixer: Mixer) -> PerToken:
     """The component's own way: `ChunkBoundaries` for a chunked scan (Mamba-2), `FromArguments` for a kind whose
-    kernel has no per-token location and that has a fast path (``STATES_FROM_ARGUMENTS``: lightning attention, the
-    mLSTM), `TokenLoop` otherwise."""
+    states are always its fast path's (``STATES_FROM_ARGUMENTS``: lightning attention, the mLSTM, the short
+    convolution), `TokenLoop` otherwise."""
     if type(mixer).CHUNKED_SCAN:
         return CHUNK_BOUNDARIES
-    # Declared by the few kinds it concerns (`Mixer.STATES_FROM_ARGUMENTS`), hence read with a default.
-    if getattr(type(mixer), "STATES_FROM_ARGUMENTS", False) and type(mixer).FAST is not None:
-        return FROM_ARGUMENTS
-    return TOKEN_LOOP
+    return FROM_ARGUMENTS if type(mixer).STATES_FROM_ARGUMENTS and type(mixer).FAST is not None else TOKEN_LOOP
 
 
 def strategy_for(mixer: Mixer) -> PerToken:
@@ -70,7 +67,8 @@ def strategy_for(mixer: Mixer) -> PerToken:
     ``chunk_per_token(model)`` -> `ChunkBoundaries`; otherwise the component's
     own (`default_strategy`): `TokenLoop` for the DeltaNets and Mamba-1 (served
     once the family is routed), `ChunkBoundaries` for Mamba-2 (which says to
-    call ``chunk_per_token`` until it is), `FromArguments` for the mLSTM.
+    call ``chunk_per_token`` until it is), `FromArguments` for a kind declaring
+    ``STATES_FROM_ARGUMENTS`` (lightning attention, the mLSTM, the short convolution).
     """
     setting = mixer.__dict__.get(PER_TOKEN)  # `per_token_setting`, read here: asked by a value's check and its compute
     if setting == "fast":
@@ -92,7 +90,7 @@ def iteration_strategy(mixer: Mixer) -> PerToken:
 
 class OwnStateAfter(PerToken):
     """`PerToken`'s default ``states_of``, over a component's own ``state_after`` (a component serving the
-    per-token states its own way: a window, a method's loop)."""
+    per-token states its own way: the RG-LRU's decode step)."""
 
     name = "the component's own state_after"
 

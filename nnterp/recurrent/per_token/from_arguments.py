@@ -37,12 +37,13 @@ and:
 On a one-token decode step, ``states`` is the step's new state
 (``state_output``) and ``set_state_after(0, v)`` replaces it.
 
-A call source with no function to cut (lightning attention, whose record is
-its forward's own operations: `nnterp.recurrent.forward_call`) runs its own
-kernel on a part (the mixer's ``run_kernel``) and ends the call through its
-record (`Call.skip`, `Call.replace`, which keeps the outputs of `Call.kept`
-tokens). A spec with a ``tap`` serves ``states`` under autograd as a zero
-leaf the call's output reads (`tapped`), so ``states.grad`` is the loss's.
+A kind whose call is not that shape declares hooks (`Mixer`), never a branch
+here: its spec's own arguments (``fast_arguments``), its own run of a part
+(``run_kernel``: lightning attention, whose record is its forward's own
+operations, `nnterp.recurrent.forward_call`, and the short convolution), where
+the state it leaves goes when its kernel returns none (``FINAL_STATE``
+``None``, ``leave_state``). The record ends the call (`Call.skip`,
+`Call.replace`, which keeps the outputs of `Call.kept` tokens).
 
 Differences from the routed path, all deliberate: states equal it within
 float32 rounding, not bit for bit, in a bfloat16 model too (`nnterp.fast.state_space`:
@@ -51,9 +52,10 @@ are a function of the kernel's arguments (a loss on them reaches the
 arguments), but the kernel never reads them, so a loss on the model's output
 has no gradient by them (route, or ``chunk_per_token`` on Mamba-2, for that;
 ``set_state_after`` targets do get one, the split kernel reads them), except
-where the spec has ``tapped`` (the mLSTM): read before the kernel runs, the
-states are then a leaf the call's output is read through (`_tapped`), and
-``states.grad`` is the loss's derivative by them; a read after a write in
+where the states are tapped (a spec's ``tap``: lightning attention, the mLSTM;
+the kind's ``tap_states``: the short convolution): read under autograd before
+the kernel runs, they are then a leaf the call's output reads through an exact
+zero, and ``states.grad`` is the loss's derivative by them; a read after a write in
 the same call is allowed and sees the write. ``state`` under ``tracer.iter`` is not served here (there
 is no per-token location): it stays the component's own strategy.
 """
@@ -104,11 +106,13 @@ class FromArguments(PerToken):
         mediator(f"`linear_attn.{what}`")
         call = mixer.record()
         if not call.decodes and "named" not in call.strategy:
-            # Tokens first (the layouts applied), as the spec takes them (the prompt kernel's table: not decoding), with
-            # the module's constants the spec reads beside them (the mLSTM backend's eps).
+            # Tokens first (the layouts applied), as the spec takes them (the prompt kernel's table: not decoding), or
+            # as the kind hands them to its spec (`Mixer.fast_arguments`: the short convolution's input and window),
+            # with the module's constants the spec reads beside them (the mLSTM backend's eps).
             module = mixer.hf_module()
             constants = {name: attrgetter(path)(module) for name, path in type(mixer).FAST_CONSTANTS.items()}
-            arguments = {**call.serve_all(), **constants}
+            own = type(mixer).fast_arguments
+            arguments = {**(call.serve_all() if own is None else mixer.fast_arguments(call)), **constants}
             # The entering state as one of the spec's own states, a copy: a continued cache's buffer, which the cache
             # overwrites after the kernel returns. Every run of the call starts from one of those (`FastSpec.piece`, `arguments.cut`).
             entering = type(mixer).FAST.entering_state(arguments)
@@ -123,9 +127,8 @@ class FromArguments(PerToken):
     def _run_kernel(self, mixer: Mixer, call: Call, lo: int, hi: int, initial: Any, final: bool) -> Any:
         """The bound kernel (whatever it is) on tokens ``[lo, hi)`` of the call, from ``initial``."""
         cls = type(mixer)
-        if getattr(cls, "run_kernel", None) is not None:
-            # A call source with no function to cut the arguments of runs its own (lightning: its forward's recurrence).
-            return mixer.run_kernel(call, lo, hi, initial)
+        if cls.run_kernel is not None:
+            return mixer.run_kernel(call, lo, hi, initial)  # the kind runs a part its own way (`Mixer.run_kernel`)
         if ONE_PASS and cls.FAST.ring and runs_pure_torch(mixer) and not recording(initial):
             arguments = cls.FAST.piece(call.strategy["named"], lo, hi, initial)
             if not torch.is_grad_enabled() or not any(recording(x) for x in arguments.values()):  # (asked once when off)
@@ -175,6 +178,8 @@ class FromArguments(PerToken):
         final = None if call.writes or call.strategy["served"] else call.own_final()
         if final is not None:
             out[:, -1] = final  # the call's own last state (lightning's forward's): state_output bit for bit
+        if differentiable and not call.writes and type(mixer).tap_states is not None:
+            out = mixer.tap_states(call, out)  # a leaf the outputs read through: its .grad is the loss's (`Mixer.tap_states`)
         call.states_read = True
         call.advance(call.seq - 1, "states")
         return self.tapped(call, spec, arguments, out) if tapped else out
@@ -203,9 +208,8 @@ class FromArguments(PerToken):
             final = kept[:, position].clone()  # a copy: the buffer is the reused pool's
         else:
             lo, hi, initial = self.segments(call, position + 1)[-1]
-            if spec.final_state is not None:
-                # The spec's own (lightning's: its source has no kernel to run on a part): as `states` computes it.
-                final = spec.final_state(spec.piece(call.strategy["named"], lo, hi, initial))
+            if spec.final_state is not None or type(mixer).FINAL_STATE is None:
+                final = self._last_state(mixer, call, lo, hi, initial)  # no kernel to run on a part, or no final state
             else:
                 final = self._run_kernel(mixer, call, lo, hi, initial, True)[type(mixer).FINAL_STATE]
             if spec.leaving is not None:
@@ -308,6 +312,14 @@ class FromArguments(PerToken):
             call.replace(result, waits=not call.strategy["served"])
         call.strategy["served"] = True
 
+    def _last_state(self, mixer: Mixer, call: Call, lo: int, hi: int, initial: Any) -> torch.Tensor:
+        """The state after token ``hi - 1`` of the run ``[lo, hi)`` from ``initial``, by the spec: for a kernel whose
+        return holds no final state (``FINAL_STATE`` is ``None``), or a source with no kernel to run on a part."""
+        spec = type(mixer).FAST
+        arguments = spec.piece(call.strategy["named"], lo, hi, initial)
+        # The spec's own where it has one (lightning's: as `states` computes it, the others not kept).
+        return spec.final_state(arguments) if spec.final_state is not None else spec.compute(arguments, None)[:, -1].clone()
+
     def _split_result(self, mixer: Mixer, call: Call) -> Any:
         """What the call returns with its writes: the segments' outputs, and the final state."""
         flag = bool(call.strategy["named"].get("final") or False)
@@ -318,6 +330,11 @@ class FromArguments(PerToken):
             runs = runs[1:]
         results = [self._run_kernel(mixer, call, lo, hi, initial, flag) for lo, hi, initial in runs]
         axis = type(mixer).FAST.output_axis
+        if type(mixer).FINAL_STATE is None:
+            # The forward keeps the state the call leaves itself (LFM2 caches its window before the kernel runs): the
+            # write on the last token, or the last run's, goes there (`Mixer.leave_state`).
+            last = call.writes.get(call.seq - 1)
+            mixer.leave_state(call, self._last_state(mixer, call, *runs[-1]) if last is None else last)
         if not isinstance(results[-1], tuple):
             return torch.cat(results, dim=axis)  # a kernel returning its output only (no final state asked)
         result = replace_in(tuple(results[-1]), 0, torch.cat([r[0] for r in results], dim=axis))

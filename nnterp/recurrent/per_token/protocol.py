@@ -37,15 +37,17 @@ class Mixer(Protocol):
     #: What ``FAST`` reads beside the kernel call's arguments: spec name -> attribute path on `hf_module` (the module's
     #: constants the call does not carry: the mLSTM backend's ``{"eps": "mlstm_backend.config.eps"}``); ``{}`` mostly.
     FAST_CONSTANTS: dict
-    #: Whether the kind's own strategy is `FromArguments` (its kernel has no per-token location: the mLSTM's backend);
-    #: declared only where true.
+    #: Whether `FromArguments` is the kind's own strategy, whatever the setting: its kernel has no per-token location
+    #: to read (the mLSTM's backend, lightning attention's forward) or holds none (the short convolution's windows,
+    #: exact slices of the call's input).
     STATES_FROM_ARGUMENTS: bool
     #: A kind's own strategy's one pass (RWKV-4's loop, its fast path's), run by the one
     #: switch (`nnterp.recurrent.per_token.from_arguments.one_pass`) as a `FastSpec`'s ``one_pass``; or ``None``.
     OWN_ONE_PASS: Any
     CHUNK_ARGUMENTS: dict
     CHUNK_FUNCTION: str
-    FINAL_STATE: int
+    #: ``None`` where the kernel's return holds no final state (the forward keeps it itself: `leave_state`).
+    FINAL_STATE: int | None
     CHUNKED_SCAN: bool
     #: The labels (`nnterp.recurrent.labels`): the state bound once per token in the token loop, the new state in a
     #: one-step decode kernel, and the chunk scan's boundary states (Mamba-2 only).
@@ -105,13 +107,25 @@ class Mixer(Protocol):
         module, or a method call's method bound to its module (the RG-LRU's ``_rnn_scan``, the mLSTM's backend's
         ``forward``); a split call runs it."""
 
-    def run_kernel(self, call: Call, lo: int, hi: int, initial: Any) -> Any:
-        """A call source's own kernel where it has no kernel function to call (lightning attention's forward
-        recurrence; `FromArguments` runs it where the mixer defines it) on tokens ``[lo, hi)`` of ``call``, from
-        ``initial``: its own return, so a split call is its parts' returns joined."""
+    #: A kind's own ``fast_arguments(call)``: the call's arguments as its ``FAST`` spec takes them, tokens first (the
+    #: short convolution's input cut to the call's own tokens, and the window entering it); ``None``
+    #: (`RecurrentMixer`'s default): the kernel's named arguments (`Call.serve_all`).
+    fast_arguments: Callable[[Call], dict] | None
 
-    def cache_window(self) -> torch.Tensor | None:
-        """A short convolution's cache window buffer, written in place (``None`` without a cache)."""
+    #: A kind's own ``run_kernel(call, lo, hi, initial)``: its kernel on tokens ``[lo, hi)`` of ``call``, from state
+    #: ``initial``, returning what the kernel call returns for those tokens, so a split call is its parts' returns
+    #: joined (the mLSTM's backend; the short convolution's input with ``initial`` as its window). ``None``
+    #: (`RecurrentMixer`'s default): `FromArguments` cuts the kernel's arguments and runs `kernel_function`.
+    run_kernel: Callable[[Call, int, int, Any], Any] | None
+
+    #: A kind's own ``tap_states(call, states)``: under autograd, ``states`` ``[batch, seq, ...state]`` served as a
+    #: leaf the call's outputs are read through, so ``states.grad`` is the loss's derivative by each (the short
+    #: convolution's windows, where later tokens read them); ``None``: the states are computed beside the kernel.
+    tap_states: Callable[[Call, torch.Tensor], torch.Tensor] | None
+
+    def leave_state(self, call: Call, value: torch.Tensor) -> None:
+        """Make ``value`` the state the call leaves (what the next call starts from), where the kernel's return
+        holds none (``FINAL_STATE`` is ``None``: LFM2's forward caches its window before the kernel runs)."""
 
     def kernel_reason(self) -> str | None:
         """Why the bound kernel has no Python loop to read, beyond the bindings ``needs_torch_kernels`` checks."""
