@@ -205,6 +205,16 @@ def test_folder_name_tracks_build_version(tmp_path, monkeypatch):
     assert tiny_checkpoint("mamba", cache_dir=tmp_path) != first
 
 
+def test_a_variant_is_its_own_folder_with_the_changed_config(tmp_path):
+    # The oracle is the saved config.json, read back without nnterp.
+    base = tiny_checkpoint("kimi_linear", cache_dir=tmp_path)
+    dense = tiny_checkpoint("kimi_linear", cache_dir=tmp_path, changes={"mlp_layer_types": ["dense"] * 4})
+    assert dense != base and dense.name.startswith("kimi_linear-")
+    read = [json.loads((path / "config.json").read_text())["mlp_layer_types"] for path in (base, dense)]
+    assert read == [tiny_config("kimi_linear").mlp_layer_types, ["dense"] * 4] and read[0] != read[1]
+    assert not any("experts" in name for name in load_file(dense / "model.safetensors"))
+
+
 def test_build_is_reproducible_and_leaves_rng_alone(tmp_path):
     torch.manual_seed(123)
     expected = torch.rand(3)

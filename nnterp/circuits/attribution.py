@@ -7,10 +7,11 @@ Mental model. Patching the edge ``u -> v`` adds ``u_corrupt − u_clean`` to ``v
 
 with the gradient taken in the clean run (``method="eap"``: Syed et al. 2023, arXiv:2310.10348): one corrupt
 forward, and one clean forward and backward, give every edge's score. ``method="eap-ig"`` averages the gradient
-over ``steps`` runs whose embeddings are ``corrupt + (k / steps) · (clean − corrupt)``, ``k = 0 .. steps − 1``
-(Hanna et al. 2024's EAP-IG-inputs, arXiv:2403.17806, as their code does), which follows the metric along the
-way from the corrupt prompt to the clean one rather than at the clean end alone; it costs ``steps`` forward
-and backward passes. ``method="eap-ig-activations"`` integrates along each destination's own input instead:
+over ``steps`` runs whose ``"embed"`` source (the residual stream as it starts, after RWKV-4's embedding norm)
+is ``corrupt + (k / steps) · (clean − corrupt)``, ``k = 0 .. steps − 1`` (Hanna et al. 2024's EAP-IG-inputs,
+arXiv:2403.17806, as their code does: the corrupt end included, the clean end not), which follows the metric
+along the way from the corrupt prompt to the clean one rather than at the clean end alone; it costs ``steps``
+forward and backward passes. ``method="eap-ig-activations"`` integrates along each destination's own input instead:
 the gradient by ``input_v`` averaged over ``steps`` runs in which ``v`` alone reads
 ``input_v + ((k + ½) / steps) · (corrupt_v − input_v)`` (every edge into ``v`` patched by that fraction, the rest
 clean), the path a single edge's patch moves along. It is integrated gradients on the activations
@@ -36,7 +37,7 @@ from ..recurrent.no_cache import run_kwargs
 from .graph import EdgeGraph
 from .nodes import node_map
 from .pairs import group_pairs, one_length
-from .patching import trace_nodes
+from .patching import embedding_output, trace_nodes
 from .positional import check_positional
 
 __all__ = ["edge_attribution", "logit_difference"]
@@ -79,7 +80,7 @@ def _check(model: Any, metric: Any, method: str, steps: int, batch_size: Any) ->
 
 def _embeddings(model: Any, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad(), model.trace(ids, **run_kwargs(model), **model.family.BACKWARD_KWARGS):
-        saved = model.embed_tokens.output.save()
+        saved = embedding_output(model).output.save()
     return saved
 
 

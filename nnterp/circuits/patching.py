@@ -32,7 +32,7 @@ from .nodes import NodeMap, child_at, node_map
 from .pairs import group_pairs, one_length
 from .positional import check_positional, head_terms, read_core
 
-__all__ = ["patch_edges", "trace_nodes", "NodeRun"]
+__all__ = ["patch_edges", "trace_nodes", "embedding_output", "NodeRun"]
 
 
 class NodeRun:
@@ -86,6 +86,19 @@ def _head_shares(projection: Any, value: torch.Tensor, heads: int) -> torch.Tens
 _PARTS = {"attention": lambda block: block.self_attn, "mixer": lambda block: block.linear_attn, "mlp": lambda block: block.mlp}
 
 
+#: A norm the first block applies to the embeddings before its parts read them (RWKV-4's ``pre_ln``).
+EMBEDDING_NORMS = ("pre_ln",)
+
+
+def embedding_output(model: Any) -> Any:
+    """The envoy whose output is the ``"embed"`` source, the residual stream as it starts: layer 0's embedding
+    norm where the family has one (`EMBEDDING_NORMS`), else the embeddings."""
+    block = model.layers[0]
+    children = dict(block._module.named_children())
+    name = next((name for name in EMBEDDING_NORMS if name in children), None)
+    return block._child_map[name] if name is not None else model.embed_tokens
+
+
 def _reader(block: Any, kind: str, norm: str | None) -> Any:
     """The envoy whose input is what a part of ``kind`` reads: its input norm (a path from the block), or the part itself."""
     return child_at(block, norm) if norm is not None else _PARTS[kind](block)
@@ -129,7 +142,8 @@ def trace_nodes(
     source}``, `NodeMap.weights`) patched to ``corrupt`` (``[batch or 1, seq, sources, hidden]``).
 
     ``grad=True``: the metric's gradient by every destination's input (``metric`` required). ``embeddings``:
-    ``(corrupt_embeddings, alpha)``, the embeddings' output replaced by ``corrupt + alpha · (own − corrupt)``.
+    ``(corrupt_embeddings, alpha)``, the ``"embed"`` source as written (`embedding_output`) replaced by
+    ``corrupt + alpha · (own − corrupt)``.
     ``positional=True``: every head's per-source terms read too (`nnterp.circuits.positional`), in ``terms``;
     ``patch_terms`` (``{destination: {part: weight [seq, heads]}}``) patches positional edges, with ``corrupt``
     then a `NodeRun` with terms.
@@ -151,8 +165,9 @@ def trace_nodes(
     with context, model.trace(ids, **run):
         if embeddings is not None:
             given, alpha = embeddings
-            own = model.embed_tokens.output
-            model.embed_tokens.output = given.to(own.dtype) + alpha * (own - given.to(own.dtype))
+            start = embedding_output(model)
+            own = start.output
+            start.output = given.to(own.dtype) + alpha * (own - given.to(own.dtype))
 
         # The embeddings as the first part reads them: its norm's (or its own) input, before any edit.
         found.append(_reader(model.layers[0], *nodes.embed_at).input.detach().float().unsqueeze(2))

@@ -125,8 +125,11 @@ def _build_model(config: PreTrainedConfig) -> nn.Module:
     return model.to(torch.float32).eval()
 
 
-def tiny_checkpoint(model_type: str, *, cache_dir: str | os.PathLike | None = None) -> Path:
+def tiny_checkpoint(model_type: str, *, cache_dir: str | os.PathLike | None = None, changes: dict | None = None) -> Path:
     """Path of a saved tiny checkpoint (model + tokenizer) of ``model_type``.
+
+    ``changes``: config fields set over the family's tiny config, for a variant of it (a kimi_linear whose
+    MLPs are all dense: ``{"mlp_layer_types": ["dense"] * 4}``); the folder's hash covers them.
 
     Built on first use, then reused: the folder name carries the model type
     and a hash of (config, transformers version, BUILD_VERSION, tokenizer), so
@@ -134,6 +137,8 @@ def tiny_checkpoint(model_type: str, *, cache_dir: str | os.PathLike | None = No
     ``$NNTERP_CACHE`` or ``~/.cache/nnterp/tiny``.
     """
     config = tiny_config(model_type)
+    for name, value in (changes or {}).items():
+        setattr(config, name, value)
     parent = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     final = parent / f"{model_type}-{_fingerprint(config)}"
     if not final.is_dir():  # folders only ever appear complete (publish_dir)

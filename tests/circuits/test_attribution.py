@@ -2,9 +2,11 @@
 
 Oracles: the single-edge patch itself (`patch_edges`, checked against plain transformers in
 test_patching.py): EAP is the derivative of the metric along that patch at zero (a central finite
-difference of a patch scaled by ±ε), and its rank correlation with the full patch's effect is measured;
-EAP-IG's scores out of the embeddings sum to the metric's change along the path from corrupt to clean
-(completeness of integrated gradients, against two plain forwards).
+difference of a patch scaled by ±ε), and each method's rank correlation with the full patch's effect is
+measured over seeds (`benchmarks/edge_ranking.py`, the docs table), with the same edge patched back in the
+corrupt run as the diagnostic of why EAP-IG misses 0.9; EAP-IG's scores out of the embeddings sum to the
+metric's change along the path from corrupt to clean (completeness of integrated gradients, against two plain
+forwards).
 """
 
 from __future__ import annotations
@@ -12,35 +14,43 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks import edge_ranking
 from nnterp import circuits
-from nnterp.attribution import rank_correlation
 from nnterp.circuits.patching import trace_nodes
 from nnterp.components.gated_deltanet import LinearAttention
 from nnterp.components.kimi_delta_attention import KimiDeltaAttention
 from nnterp.components.lightning_attention import LightningAttention
 from nnterp.components.mlstm import MLSTM
+from nnterp.components.selective_scan import SelectiveScan
+from nnterp.components.short_convolution import ShortConvolution
 from nnterp.components.state_space import StateSpace
+from nnterp.components.wkv import WKV
 
 from .kinds import BY_KIND, PLAIN
 
 #: One family per mixer kind, plus a plain transformer: gated DeltaNet, Kimi, Mamba-1, Mamba-2, RWKV-4, mLSTM, RG-LRU, short convolution.
 KINDS = [PLAIN, *sorted(BY_KIND.values())]
-N, SEQ = 4, 8
-#: Where `method="eap-ig-activations"` ranks under 0.9 (the docs table says by how much): Kimi's mixture of experts
-#: routes differently once an edge is patched, a jump no gradient sees; the mLSTM and MiniMax measured 0.89.
-BELOW_BAR = {BY_KIND[KimiDeltaAttention], BY_KIND[MLSTM], BY_KIND[LightningAttention]}
+N = 4  # the prompt pairs of `_task`
+SEEDS = range(5)
+#: Families whose MLPs are mixtures of experts: a patched edge can switch the router, a step no gradient sees.
+ROUTED = {BY_KIND[SelectiveScan], BY_KIND[KimiDeltaAttention], BY_KIND[LightningAttention]}
+_APART = "edges whose patch moves the metric otherwise in the clean run than in the corrupt one"
+#: ``{kind: (floor, why)}``: where EAP-IG's mean Spearman with the one-edge patch is under 0.9 (the docs table);
+#: each floor is the measured mean less 0.1, rounded down to 0.05.
+BELOW_BAR = {
+    BY_KIND[SelectiveScan]: (0.65, f"a mixture of experts; {_APART}"),
+    BY_KIND[KimiDeltaAttention]: (0.6, f"a mixture of experts; {_APART}"),
+    "kimi_linear_dense": (0.75, f"{_APART}, into the MLPs"),
+    BY_KIND[ShortConvolution]: (0.7, f"{_APART}, into the MLPs"),
+    BY_KIND[LightningAttention]: (0.55, f"a mixture of experts; {_APART}"),
+    BY_KIND[LinearAttention]: (0.75, f"{_APART}, into the MLPs"),
+    BY_KIND[MLSTM]: (0.7, _APART),
+}
+#: Where EAP-IG-activations' mean is under 0.9: the mixtures of experts, and the short convolution's 0.89.
+ACTIVATIONS_BELOW_BAR = {*ROUTED, BY_KIND[ShortConvolution]}
 
 
-def _task(model, seed: int = 0, at: slice = slice(5, 6)):
-    """Prompt pairs differing at tokens ``at``, and the logit difference between the clean and corrupt top tokens."""
-    generator = torch.Generator().manual_seed(seed)
-    clean = torch.randint(3, 200, (N, SEQ), generator=generator)
-    corrupt = clean.clone()
-    corrupt[:, at] = torch.randint(3, 200, corrupt[:, at].shape, generator=generator)
-    ends = [trace_nodes(model, circuits.node_map(model), ids).logits[:, -1] for ids in (clean, corrupt)]
-    good = ends[0].argmax(-1)
-    bad = torch.where(ends[1].argmax(-1) == good, ends[1].topk(2).indices[:, 1], ends[1].argmax(-1))
-    return clean, corrupt, circuits.logit_difference(good, bad)
+_task = edge_ranking.ranking_task  # N pairs of 8 tokens, the logit difference of the clean and corrupt top tokens
 
 
 def _patched(model, graph, clean, donor, metric, weights) -> float:
@@ -50,7 +60,7 @@ def _patched(model, graph, clean, donor, metric, weights) -> float:
 @pytest.mark.parametrize("model_type", [*KINDS, "falcon_h1"])  # falcon_h1: a destination two parts read
 def test_eap_is_the_derivative_of_the_one_edge_patch(model_type, load):
     model = load(model_type)
-    clean, corrupt, metric = _task(model)
+    clean, corrupt, metric = _task(model, 0)
     graph = circuits.node_map(model)
     scores = circuits.edge_attribution(model, clean, corrupt, metric, method="eap", progress=False).scores
     donor = trace_nodes(model, graph, corrupt)
@@ -68,19 +78,23 @@ def test_eap_is_the_derivative_of_the_one_edge_patch(model_type, load):
     torch.testing.assert_close(scores[smooth], derivative[smooth], atol=2e-2 * float(derivative.abs().max()), rtol=2e-2)
 
 
-@pytest.mark.parametrize("model_type", KINDS)
-def test_scores_rank_the_edges_as_their_patches_do(model_type, load):
-    """Measured, not tuned: each score against the full single-edge patch (the docs table). A floor, far under it."""
-    model = load(model_type)
-    clean, corrupt, metric = _task(model, seed=1)
-    graph = circuits.node_map(model)
-    base = float(metric(circuits.patch_edges(model, clean, corrupt, []), torch.arange(N)).mean())
-    effects = torch.tensor([float(metric(circuits.patch_edges(model, clean, corrupt, [e]), torch.arange(N)).mean()) - base for e in graph.edges])
-    for method in ("eap", "eap-ig", "eap-ig-activations"):
-        scores = circuits.edge_attribution(model, clean, corrupt, metric, method=method, steps=10, progress=False).scores
-        correlation = rank_correlation(scores, effects)
-        print(f"{model_type} {method} spearman {correlation:.3f}")
-        assert correlation >= (0.9 if method == "eap-ig-activations" and model_type not in BELOW_BAR else 0.5)
+@pytest.mark.parametrize("model_type", [*KINDS, "kimi_linear_dense"])
+def test_scores_rank_the_edges_as_their_patches_do(model_type):
+    """Measured, not tuned: each score against the full single-edge patch, Spearman averaged over `SEEDS`
+    (`benchmarks/edge_ranking.py` prints the docs table from the same function). EAP-IG meets the issue's 0.9
+    where `BELOW_BAR` does not list the kind; there its floor sits 0.1 under the measured mean."""
+    model = edge_ranking.load(model_type)
+    runs = [edge_ranking.correlations(model, seed) for seed in SEEDS]
+    mean = {key: sum(run[key] for run in runs) / len(runs) for key in runs[0] if key != "effects"}
+    print(model_type, {key: round(value, 2) for key, value in mean.items()})
+    floor, _ = BELOW_BAR.get(model_type, (0.9, None))
+    assert mean["eap-ig"] >= floor
+    assert mean["eap-ig-activations"] >= (0.9 if model_type not in ACTIVATIONS_BELOW_BAR else 0.6)
+    assert mean["eap"] >= 0.5
+    # Why EAP-IG misses the bar: an edge's patch moves the metric differently in the clean run than in the corrupt
+    # one. Against the mean of the two, EAP-IG ranks at 0.9 wherever no router switches.
+    assert mean["contexts"] < 0.9 or model_type not in BELOW_BAR
+    assert mean["eap-ig~average"] >= (0.9 if model_type not in ROUTED else 0.6)
 
 
 @pytest.mark.parametrize("model_type", [PLAIN, BY_KIND[LinearAttention], BY_KIND[MLSTM]])
@@ -101,7 +115,8 @@ def test_eap_ig_activations_into_a_destination_sums_to_patching_all_its_edges(mo
     assert checked >= 2
 
 
-@pytest.mark.parametrize("model_type", [PLAIN, BY_KIND[LinearAttention], BY_KIND[StateSpace]])
+# RWKV-4: its first block normalizes the embeddings (pre_ln), so the path is straight only where the "embed" source is.
+@pytest.mark.parametrize("model_type", [PLAIN, BY_KIND[LinearAttention], BY_KIND[StateSpace], BY_KIND[WKV]])
 def test_eap_ig_out_of_the_embeddings_sums_to_the_metrics_change(model_type, load, plains):
     model, plain = load(model_type), plains(model_type)
     clean, corrupt, metric = _task(model, seed=2, at=slice(None))
