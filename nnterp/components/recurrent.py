@@ -354,11 +354,10 @@ class RecurrentMixer(RecurrenceInterventions, Standard):
 
     #: A kind's own hooks (`Mixer` documents each), or ``None``: ``token_state`` (else the token loop reads the op),
     #: and `FromArguments`' ``fast_arguments`` (else the kernel's named arguments), ``run_kernel`` (else its split cuts
-    #: them for `kernel_function`), ``tap_states`` (else the states are computed beside the kernel).
+    #: them for `kernel_function`).
     token_state: Callable | None = None
     fast_arguments: Callable | None = None
     run_kernel: Callable | None = None
-    tap_states: Callable | None = None
 
     def token_ops(self, call: Call, position: int) -> list:
         """The ops `token_state` reads the state after ``position`` from: the order check asks that none has passed it."""

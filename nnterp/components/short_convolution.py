@@ -49,7 +49,7 @@ one on a decode step; ``conv_channels`` is ``hidden``):
 
 Gradients (inside ``with loss.backward():``): ``states.grad`` is the loss's
 derivative by the window after each token as the later tokens read it (a
-zero leaf added where they read it, `nnterp.recurrent.gradients.tap`); the
+leaf the kernel's output reads through an exact zero, the spec's ``tap``); the
 gates and ``attention_values`` have theirs (the forward consumes the served
 tensors); a `set_state_after` target gets one. ``state_after(t)`` and a
 prompt's ``state_output`` have none (computed beside the model, or only
@@ -83,11 +83,10 @@ from ..core.errors import Unavailable
 from ..core.values import DerivedEProperty, Key, check_expected
 from ..fast.short_convolution import EFFECTIVE as SHORT_CONV_ATTENTION
 from ..fast.short_convolution import FAST as SHORT_CONV_WINDOWS
-from ..fast.short_convolution import window_reads
 from ..recurrent import per_token
 from ..recurrent.arguments import CHANNELS_FIRST, PARAMETER, SAME
 from ..recurrent.call import Call
-from ..recurrent.gradients import fill, recording, tap
+from ..recurrent.gradients import recording
 from ..recurrent.kernels import unreadable_call
 from ..recurrent.labels import Label, call_label
 from ..recurrent.no_cache import no_cache_reason
@@ -351,23 +350,6 @@ class ShortConvolution(RecurrentMixer):
         the cache before its kernel ran, so a write's split puts the window after the last token there (`Mixer.leave_state`)."""
         if call.strategy["cache"] is not None:
             call.strategy["cache"].layers[self._module.layer_idx].conv_states[0][_rows()].copy_(value)
-
-    def tap_states(self, call: Call, states: torch.Tensor) -> torch.Tensor:
-        """Under autograd: ``states`` as a zero leaf added to the kernel's output where each later token reads its
-        window (`window_reads`: exact zeros), filled with the states (`Mixer.tap_states`), one per call: its gradient
-        at ``t`` is the loss's derivative by the window after ``t`` as the later tokens read it (what a write moves)."""
-
-        def tapped() -> torch.Tensor:
-            leaf = tap(tuple(states.shape), states)
-            # The weight detached: the product must not keep the leaf for backward, since it is filled in place.
-            extra = window_reads(leaf, self._module.conv.weight.squeeze(1).detach())
-            output = call.op.output
-            start = output.shape[-1] - call.seq
-            added = torch.cat([output[..., :start], output[..., start:] + extra.transpose(1, 2).to(output.dtype)], dim=-1)
-            Mediator.swap(f"{call.op.path}.output", added)
-            return fill(leaf, states.detach())
-
-        return per_call(self, "tapped states", tapped)
 
     # -- effective attention: from the gates and the entering window -----------------
 

@@ -22,7 +22,7 @@ mode worth knowing: the window holds the *gated* input ``B ⊙ x``, not ``x``:
 a window patched from ``x`` would convolve ungated inputs without any error.
 
 By those names (`nnterp.fast.spec`): `states`, `one_pass`, `state_shape`,
-`effective_attention`; the specs ``FAST``, ``EFFECTIVE``.
+`effective_attention`, `tap`; the specs ``FAST``, ``EFFECTIVE``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 
 from .spec import EffectiveSpec, FastSpec, indices
 
-__all__ = ["window_states", "window_reads", "states", "one_pass", "state_shape", "entering", "starting", "effective_attention", "FAST", "EFFECTIVE"]
+__all__ = ["window_states", "window_reads", "states", "one_pass", "tap", "state_shape", "entering", "starting", "effective_attention", "FAST", "EFFECTIVE"]
 
 
 def window_states(u: torch.Tensor, width: int, window: torch.Tensor | None = None) -> torch.Tensor:
@@ -49,7 +49,7 @@ def window_reads(windows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``[batch, seq, conv_channels]``: what each token's convolution reads from the windows after the tokens before
     it, ``Σ_{0<k<L} Σ_{i≥k} w[:, i-k] W_{t-k}[:, i]``, from ``windows`` ``[batch, seq, conv_channels, L]`` and
     ``weight`` ``[conv_channels, L]``: token ``t+k`` reads entries ``k .. L-1`` of the window after ``t`` at taps
-    ``0 .. L-1-k``. In ``windows``' dtype; a zero leaf there collects each window's gradient as later tokens read it."""
+    ``0 .. L-1-k``. In ``windows``' dtype (`tap` reads the windows through it)."""
     seq, width = windows.shape[1], weight.shape[1]
     reads = torch.zeros(windows.shape[:3], dtype=windows.dtype, device=windows.device)
     for k in range(1, min(width, seq)):
@@ -78,6 +78,16 @@ def one_pass(arguments: dict, out: torch.Tensor) -> tuple | None:
     if a.get("bias") is not None:
         y = y + a["bias"]
     return y.transpose(1, 2), windows
+
+
+def tap(arguments: dict, taps: torch.Tensor) -> torch.Tensor:
+    """An exact zero ``[batch, conv_channels, seq]`` (channel-first, as the kernel's output on the call's own tokens;
+    the record adds it to the output's last ``seq`` entries, the others the window's) that depends on ``taps``
+    ``[batch, seq, conv_channels, L]`` as each later token reads the window after an earlier one (`window_reads`):
+    added to the output, the gradient of ``taps`` at ``t`` is the loss's by the window after ``t``. The weight is
+    detached: the kernel's own output carries its gradient."""
+    weight = arguments["weight"].detach()
+    return (window_reads(taps, weight) - window_reads(taps.detach(), weight)).transpose(1, 2)
 
 
 def state_shape(arguments: dict) -> tuple:
@@ -136,7 +146,8 @@ def starting(window: torch.Tensor | None) -> dict:
 
 #: LFM2's ``causal_conv1d_fn`` / ``causal_conv1d_update`` over the gated input (their output channel-first).
 FAST = FastSpec(
-    "short convolution", states, ("u",), state_shape, one_pass=one_pass, output_axis=2, entering=entering, starting=starting
+    "short convolution", states, ("u",), state_shape, one_pass=one_pass, output_axis=2, entering=entering, starting=starting,
+    tap=tap,
 )
 #: LFM2's short convolution over ``B ⊙ x``, prompt and decode step alike.
 EFFECTIVE = EffectiveSpec("short convolution", effective_attention, "channels")

@@ -27,10 +27,13 @@ specs built from them (``FAST``, ``EFFECTIVE``):
   ``arguments``, turned into what it would have returned starting from
   ``initial`` (exact: the recurrence is linear in its start state);
 * ``tap(arguments, taps)``: an exact zero in the layout of the kernel's output
-  that depends on ``taps`` (a leaf of the states' shape, holding them) as the later
-  tokens' outputs read an addition to each state; added to the call's output
-  under autograd, so the output's gradient reaches the state after every token
-  (``states.grad``: lightning attention's, the mLSTM's).
+  on the call's tokens that depends on ``taps`` (a leaf of the states' shape,
+  holding them) as the later tokens' outputs read an addition to each state;
+  added to the call's output under autograd (on its last tokens along
+  ``output_axis``: the short convolution's output also holds its window's
+  leading entries), so the output's gradient reaches the state after every
+  token (``states.grad``: lightning attention's, the mLSTM's, the short
+  convolution's).
 
 A `FastSpec` also says which arguments carry one entry per token (``tokens``:
 a call is split at a position by slicing these), the token axis of the
@@ -98,9 +101,10 @@ class FastSpec:
     starting: Callable[[torch.Tensor | None], dict] | None = None
     #: The final state the kernel returns as one of ``compute``'s own (``None``: the same already; RWKV-4's triple).
     leaving: Callable[[Any], torch.Tensor] | None = None
-    #: ``tap(arguments, taps)``: an exact zero in the kernel output's layout that depends on ``taps`` ``[batch, seq,
-    #: ...state]`` as the later tokens' outputs read an addition to each state; added to the call's output under autograd,
-    #: so a zero leaf's gradient at ``t`` is the loss's by the state after ``t`` (``states.grad``). ``None``: no tap.
+    #: ``tap(arguments, taps)``: an exact zero in the kernel output's layout on the call's tokens that depends on ``taps``
+    #: ``[batch, seq, ...state]`` as the later tokens' outputs read an addition to each state; added to the output's last
+    #: tokens under autograd, so a leaf's gradient at ``t`` is the loss's by the state after ``t`` (``states.grad``).
+    #: ``None``: no tap.
     tap: Callable[[dict, torch.Tensor], torch.Tensor] | None = None
     #: ``final_state(arguments)``: the state after the run's last token as ``compute`` computes it, the others not kept,
     #: where a call source has no kernel to run for it (lightning's forward). ``None``: the kernel's final state.

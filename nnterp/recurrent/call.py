@@ -32,7 +32,7 @@ from ..core.calls import mediator
 from ..core.errors import OrderError, SignatureError, Unavailable
 from ..core.values import check_expected, check_tensor, replace_in, select_from
 from . import arguments
-from .gradients import graft, recording
+from .gradients import add_zero, graft, recording
 from .kernels import signature_binding
 from .no_cache import no_cache_reason
 
@@ -203,10 +203,10 @@ class Call:
     def own_final(self) -> torch.Tensor | None:  # the final state the source computes itself, as the last of `states`
         return None
 
-    def graft(self, zero: torch.Tensor) -> None:  # exact zeros carrying a gradient (a spec's tap) added to the return
+    def graft(self, zero: torch.Tensor) -> None:  # a spec's tap added to the return's last tokens (`gradients.add_zero`)
         output = self.op.output
-        own = output[0] if isinstance(output, tuple) else output
-        self.op.output = replace_in(output, 0 if isinstance(output, tuple) else None, own + zero.to(own.dtype))
+        at = 0 if isinstance(output, tuple) else None
+        self.op.output = replace_in(output, at, add_zero(select_from(output, at), zero, type(self.mixer).FAST.output_axis))
 
     kept = 0  # leading tokens whose outputs the call source keeps as it computed them: a split does not recompute them
 

@@ -71,10 +71,10 @@ def gradient_reasons(mixer: Any, through_kernel: bool = False) -> dict[str, str 
             pass  # read through the served copy under autograd (Call.state_input)
         elif reason is None:
             reason = type(mixer).GRADIENTLESS.get(name, NEVER.get(name))
-        # A fast path that taps its states (its spec's `tap`, or the kind's `tap_states`) serves states.grad: the call's
-        # output reads them through an exact zero.
+        # A fast path that taps its states (its spec's `tap`) serves states.grad: the call's output reads them through
+        # an exact zero.
         if reason is None and name == "states" and isinstance(strategy_for(mixer), FromArguments):
-            reason = FAST_STATES if type(mixer).FAST.tap is None and type(mixer).tap_states is None else None
+            reason = FAST_STATES if type(mixer).FAST.tap is None else None
         if reason is None and name == "state_output" and needs_recurrent_routing(mixer) is not None:
             reason = FINAL_STATE
         reasons[name] = reason

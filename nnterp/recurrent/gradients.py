@@ -70,6 +70,14 @@ def graft(served: torch.Tensor, rebuilt: torch.Tensor, original: torch.Tensor) -
     return original.detach() + torch.where(torch.isfinite(rebuilt.detach()), zero, torch.zeros_like(zero)).to(original.dtype)
 
 
+def add_zero(output: torch.Tensor, zero: torch.Tensor, axis: int) -> torch.Tensor:
+    """``output`` with ``zero`` (exact zeros that carry a gradient: a spec's tap, on the call's tokens) added to its
+    last ``zero.shape[axis]`` entries along ``axis``, in ``output``'s dtype: a kernel's output may hold leading
+    entries besides the call's tokens (the short convolution's, its window's)."""
+    lead = output.shape[axis] - zero.shape[axis]
+    return torch.cat([output.narrow(axis, 0, lead), output.narrow(axis, lead, zero.shape[axis]) + zero.to(output.dtype)], axis)
+
+
 def tap(shape: tuple, like: torch.Tensor) -> torch.Tensor:
     """A zero leaf of ``shape`` that requires grad: added to live tensors, it collects their gradients."""
     return torch.zeros(shape, dtype=like.dtype, device=like.device, requires_grad=True)
@@ -82,4 +90,4 @@ def fill(leaf: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return leaf
 
 
-__all__ = ["VIEW_MARK", "recording", "on_the_path", "graft", "tap", "fill"]
+__all__ = ["VIEW_MARK", "recording", "on_the_path", "graft", "add_zero", "tap", "fill"]

@@ -223,6 +223,37 @@ class ShortConvolutionSuite(StateContract):
         (grad,) = torch.autograd.grad((got * weights).sum(), x)
         torch.testing.assert_close(grad, want, **TOL)
 
+    def test_states_grad_on_a_prompt_continuing_a_cache(self, model, plain, ids, mixers):
+        """Over a kept window the kernel's output holds the window's entries before the call's tokens: ``states.grad``
+        (the tap added on the call's own) against central differences of set_state_after, the same loss."""
+        layer, split = mixers[0], 6
+        mix = model.layers[layer].linear_attn
+        positions = torch.arange(split, ids.shape[1])[None]
+
+        def trace():  # a fresh cache each run: the forward writes its window into it
+            with torch.no_grad():
+                cache = hf.output_cache(plain(ids[:, :split], use_cache=True))
+            return model.trace(ids[:, split:], position_ids=positions, **{hf.cache_kwarg(model._module): cache})
+
+        with trace():
+            states = mix.states.save()
+            loss = model.logits[0, -1].log_softmax(-1)[3].save()
+            with loss.backward():
+                grad = states.grad.save()
+        plain_states = states.detach()
+        for t, seed in ((0, 1), (2, 2)):
+            direction = self.random_like(plain_states[:, t], 1.0, seed) * plain_states[:, t].abs().mean()
+            numeric = []
+            for eps in (1e-1, 3e-2):
+                ends = []
+                for sign in (1, -1):
+                    with torch.no_grad(), trace():
+                        mix.set_state_after(t, plain_states[:, t] + sign * eps * direction)
+                        ends.append(model.logits[0, -1].log_softmax(-1)[3].save())
+                numeric.append(float((ends[0] - ends[1]) / (2 * eps)))
+            analytic = float((grad[:, t] * direction).sum())
+            assert any(abs(analytic - n) <= 3e-2 * abs(n) + 1e-5 for n in numeric), (t, analytic, numeric)
+
     # -- decode steps against a plain greedy loop ---------------------------------------
 
     # -- effective attention ---------------------------------------------------------

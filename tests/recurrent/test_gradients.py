@@ -84,6 +84,32 @@ def test_fast_states_grad_matches_finite_differences(load, model_type, monkeypat
     check_states_grad(model, nnterp.fast_states(model), monkeypatch)
 
 
+@pytest.mark.parametrize("model_type", TAPPED)
+def test_tapped_states_read_twice_add_their_zero_once(load, model_type):
+    # A second `states` read in the call serves the same leaf, its zero added to the output once: both reads' gradient
+    # is a single read's (checked by finite differences above), not twice it, and the logits are the same bits.
+    model = load(model_type)
+    ids, mix = ids_of(model), model.layers[recurrent(model)[0]].linear_attn
+    with nnterp.fast_states(model):
+        with model.trace(ids, **model.family.BACKWARD_KWARGS):
+            states = mix.states.save()
+            logits = model.logits.save()
+            loss = metric(model).save()
+            with loss.backward():
+                grad = states.grad.save()
+        with model.trace(ids, **model.family.BACKWARD_KWARGS):
+            first = mix.states.save()
+            second = mix.states.save()
+            twice = model.logits.save()
+            loss = metric(model).save()
+            with loss.backward():
+                first_grad, second_grad = first.grad.save(), second.grad.save()
+    assert torch.equal(twice.detach(), logits.detach()) and torch.equal(second.detach(), states.detach())
+    assert grad.abs().sum() > 0
+    torch.testing.assert_close(first_grad, grad, rtol=0, atol=0)
+    torch.testing.assert_close(second_grad, grad, rtol=0, atol=0)
+
+
 def check_states_grad(model, setting, monkeypatch):
     """``states.grad`` under ``setting`` against central differences of ``set_state_after`` at two tokens."""
     # Without autograd the mLSTM's and lightning attention's states reads skip their backend or block loop by a one
@@ -155,9 +181,9 @@ def held(value):
 
 
 #: The fast path's kinds whose states are computed beside the kernel; a kind that taps them (its spec's `tap`: lightning
-#: attention, the mLSTM; the kind's `tap_states`: the short convolution) serves a leaf its outputs read through instead,
-#: checked by the finite differences above.
-BESIDE = [t for t in KINDS if REGISTRY[t].MIXER.FAST is not None and t not in TAPPED and REGISTRY[t].MIXER.tap_states is None]
+#: attention, the mLSTM, the short convolution) serves a leaf its outputs read through instead, checked by the finite
+#: differences above.
+BESIDE = [t for t in KINDS if REGISTRY[t].MIXER.FAST is not None and t not in TAPPED]
 
 
 @pytest.mark.parametrize("model_type", BESIDE)

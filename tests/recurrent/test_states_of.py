@@ -87,16 +87,6 @@ def fast_model(request, load):
     return load(request.param)
 
 
-#: The fast path's kinds whose `states` are computed beside the kernel, like `states_of`; a kind that taps them
-#: (`Mixer.tap_states`: the short convolution) serves a leaf its outputs read through instead (tests/recurrent/test_gradients.py).
-BESIDE = tuple(kind for kind in FAST_KINDS if REGISTRY[kind].MIXER.tap_states is None)
-
-
-@pytest.fixture(scope="module", params=BESIDE)
-def beside_model(request, load):
-    return load(request.param)
-
-
 @pytest.fixture(scope="module", params=CASES, ids=[f"{kind}-{name}" for kind, name in CASES])
 def case(request, load):
     kind, name = request.param
@@ -237,8 +227,8 @@ def check_tapped_states_of(model, monkeypatch):
     torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-6 * max(1.0, expected.abs().max().item()))
 
 
-def test_on_the_fast_path_under_autograd_a_function_of_the_arguments(beside_model, monkeypatch):
-    model = beside_model
+def test_on_the_fast_path_under_autograd_a_function_of_the_arguments(fast_model, monkeypatch):
+    model = fast_model
     if issubclass(model.family.MIXER, LightningAttention):
         # Also against the paper's recurrence: states read before the forward's loop are a leaf its outputs read
         # (states.grad, test_lightning_one_pass.py), not a function of the arguments; states_of still is one.

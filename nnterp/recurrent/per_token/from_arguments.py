@@ -52,11 +52,11 @@ are a function of the kernel's arguments (a loss on them reaches the
 arguments), but the kernel never reads them, so a loss on the model's output
 has no gradient by them (route, or ``chunk_per_token`` on Mamba-2, for that;
 ``set_state_after`` targets do get one, the split kernel reads them), except
-where the states are tapped (a spec's ``tap``: lightning attention, the mLSTM;
-the kind's ``tap_states``: the short convolution): read under autograd before
-the kernel runs, they are then a leaf the call's output reads through an exact
-zero, and ``states.grad`` is the loss's derivative by them; a read after a write in
-the same call is allowed and sees the write. ``state`` under ``tracer.iter`` is not served here (there
+where the states are tapped (a spec's ``tap``: lightning attention, the mLSTM,
+the short convolution): read under autograd before the kernel runs, they are
+then a leaf the call's output reads through an exact zero, added once per call
+(a second read gets the same leaf), and ``states.grad`` is the loss's derivative
+by them; a read after a write in the same call is allowed and sees the write. ``state`` under ``tracer.iter`` is not served here (there
 is no per-token location): it stays the component's own strategy.
 """
 
@@ -156,6 +156,8 @@ class FromArguments(PerToken):
         call = self.record(mixer, "states")
         if call.decodes:
             return mixer.read_state_output()[:, None]
+        if "tap" in call.strategy:
+            return call.strategy["tap"]  # read again: the same leaf, its zero added to the output once
         spec = type(mixer).FAST
         arguments = call.strategy["named"]
         shape = spec.state_shape(arguments)
@@ -178,8 +180,6 @@ class FromArguments(PerToken):
         final = None if call.writes or call.strategy["served"] else call.own_final()
         if final is not None:
             out[:, -1] = final  # the call's own last state (lightning's forward's): state_output bit for bit
-        if differentiable and not call.writes and type(mixer).tap_states is not None:
-            out = mixer.tap_states(call, out)  # a leaf the outputs read through: its .grad is the loss's (`Mixer.tap_states`)
         call.states_read = True
         call.advance(call.seq - 1, "states")
         return self.tapped(call, spec, arguments, out) if tapped else out
@@ -189,9 +189,10 @@ class FromArguments(PerToken):
         """``out`` as a zero leaf filled with the states (`gradients.tap`), its readout by the later tokens (the spec's
         ``tap``: an exact zero) added to the call's output: ``.grad[:, t]`` is the loss's by the state after ``t``."""
         leaf = fill(tap(tuple(out.shape), out), out.detach())
-        # The record adds the zero to the output the forward goes on with (`ForwardCall.graft`; a kernel-call record
-        # with a tapped spec would add it to its kernel's return).
+        # The record adds the zero to the output the forward goes on with (`ForwardCall.graft`), or to its kernel's
+        # return, on the call's tokens (`Call.graft`: the short convolution's output also holds its window's).
         call.graft(spec.tap(arguments, leaf))
+        call.strategy["tap"] = leaf
         return leaf
 
     def state_after(self, mixer: Mixer, t: int) -> torch.Tensor:

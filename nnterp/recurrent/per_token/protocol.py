@@ -118,11 +118,6 @@ class Mixer(Protocol):
     #: (`RecurrentMixer`'s default): `FromArguments` cuts the kernel's arguments and runs `kernel_function`.
     run_kernel: Callable[[Call, int, int, Any], Any] | None
 
-    #: A kind's own ``tap_states(call, states)``: under autograd, ``states`` ``[batch, seq, ...state]`` served as a
-    #: leaf the call's outputs are read through, so ``states.grad`` is the loss's derivative by each (the short
-    #: convolution's windows, where later tokens read them); ``None``: the states are computed beside the kernel.
-    tap_states: Callable[[Call, torch.Tensor], torch.Tensor] | None
-
     def leave_state(self, call: Call, value: torch.Tensor) -> None:
         """Make ``value`` the state the call leaves (what the next call starts from), where the kernel's return
         holds none (``FINAL_STATE`` is ``None``: LFM2's forward caches its window before the kernel runs)."""
