@@ -127,12 +127,6 @@ class FastSpec:
         """The arguments that make ``compute`` start from ``state`` (one of its own, ``[batch, ...state]``; ``None``: zeros)."""
         return self.starting(state) if self.starting is not None else {"state": state}
 
-    def piece(self, arguments: dict, lo: int, hi: int, initial: torch.Tensor | None) -> dict:
-        """Named, tokens-first ``arguments`` restricted to tokens ``[lo, hi)``, starting from ``initial``."""
-        cut = {name: (x[:, lo:hi] if name in self.tokens and isinstance(x, torch.Tensor) else x) for name, x in arguments.items()}
-        cut.update(self.starting_from(initial))
-        return cut
-
     def returned_state(self, state: torch.Tensor) -> Any:
         """``state`` (one of ``compute``'s own) as the kernel returns its final state."""
         return self.returned(state) if self.returned is not None else self.starting_from(state)["state"]

@@ -230,7 +230,7 @@ def cut(table: dict, spec: Any, call: tuple, lo: int, hi: int, initial: Any, fin
     runs from zeros: the caller resumes it.
     """
     args, kwargs = call
-    start = spec.starting_from(initial)
+    start = spec.starting(initial) if spec.starting is not None else {"state": initial}  # no hop into the spec
     for name in spec.tokens:
         where, layout = table[name]
         element = args[where] if isinstance(where, int) and where < len(args) else kwargs.get(where)

@@ -109,12 +109,12 @@ class FromArguments(PerToken):
             # Tokens first (the layouts applied), as the spec takes them (the prompt kernel's table: not decoding), or
             # as the kind hands them to its spec (`Mixer.fast_arguments`: the short convolution's input and window),
             # with the module's constants the spec reads beside them (the mLSTM backend's eps).
-            module = mixer.hf_module()
-            constants = {name: attrgetter(path)(module) for name, path in type(mixer).FAST_CONSTANTS.items()}
+            paths = type(mixer).FAST_CONSTANTS
+            constants = {name: attrgetter(path)(mixer.hf_module()) for name, path in paths.items()} if paths else {}
             own = type(mixer).fast_arguments
             arguments = {**(call.serve_all() if own is None else mixer.fast_arguments(call)), **constants}
             # The entering state as one of the spec's own states, a copy: a continued cache's buffer, which the cache
-            # overwrites after the kernel returns. Every run of the call starts from one of those (`FastSpec.piece`, `arguments.cut`).
+            # overwrites after the kernel returns. Every run of the call starts from one of those (`piece`, `arguments.cut`).
             entering = type(mixer).FAST.entering_state(arguments)
             call.strategy.update(named=arguments, entering=None if entering is None else entering.clone(), served=False)
         return call
@@ -124,13 +124,19 @@ class FromArguments(PerToken):
         """The call's runs up to ``stop`` (`Call.segments`), the first from the state entering it."""
         return call.segments(call.strategy["entering"], stop)
 
+    @staticmethod
+    def piece(spec: Any, arguments: dict, lo: int, hi: int, initial: Any) -> dict:
+        """Named, tokens-first ``arguments`` cut to tokens ``[lo, hi)``, started from ``initial`` (spec's `starting`)."""
+        cut = {name: (x[:, lo:hi] if name in spec.tokens and isinstance(x, torch.Tensor) else x) for name, x in arguments.items()}
+        return {**cut, **(spec.starting(initial) if spec.starting is not None else {"state": initial})}
+
     def _run_kernel(self, mixer: Mixer, call: Call, lo: int, hi: int, initial: Any, final: bool) -> Any:
         """The bound kernel (whatever it is) on tokens ``[lo, hi)`` of the call, from ``initial``."""
         cls = type(mixer)
         if cls.run_kernel is not None:
             return mixer.run_kernel(call, lo, hi, initial)  # the kind runs a part its own way (`Mixer.run_kernel`)
         if ONE_PASS and cls.FAST.ring and runs_pure_torch(mixer) and not recording(initial):
-            arguments = cls.FAST.piece(call.strategy["named"], lo, hi, initial)
+            arguments = self.piece(cls.FAST, call.strategy["named"], lo, hi, initial)
             if not torch.is_grad_enabled() or not any(recording(x) for x in arguments.values()):  # (asked once when off)
                 # transformers' torch kernel is slower than this pass (a token loop, a chunk scan); two slots keep
                 # the last state only.
@@ -143,7 +149,7 @@ class FromArguments(PerToken):
         result = mixer.kernel_function()(*args, **kwargs)
         if initial is not None and "state" not in cls.CHUNK_ARGUMENTS:
             # The kernel started from zeros: add what the start state contributes to its output and final state.
-            result = cls.FAST.resume(cls.FAST.piece(call.strategy["named"], lo, hi, None), initial, result)
+            result = cls.FAST.resume(self.piece(cls.FAST, call.strategy["named"], lo, hi, None), initial, result)
         return result
 
     def _buffer(self, shape: tuple, device: Any, differentiable: bool, dtype: Any = torch.float32) -> torch.Tensor:
@@ -174,7 +180,7 @@ class FromArguments(PerToken):
             call.strategy[ONE_PASS_STATES] = out  # the call was skipped: `state_after` reads these, not the kernel again
         with torch.enable_grad() if differentiable else torch.no_grad():
             for lo, hi, initial in self.segments(call) if done is None else ():
-                spec.compute(spec.piece(arguments, lo, hi, initial), out[:, lo:hi])
+                spec.compute(self.piece(spec, arguments, lo, hi, initial), out[:, lo:hi])
         for t, value in call.writes.items():
             out[:, t] = value
         final = None if call.writes or call.strategy["served"] else call.own_final()
@@ -243,7 +249,7 @@ class FromArguments(PerToken):
                     if buffer is None or differentiable:  # under autograd a block is kept by the graph: never reused
                         buffer = self._buffer((shape[0], min(SELECTION_BLOCK, span), *shape[1:]), call.expected[2], differentiable)
                     block = buffer[:, : stop - at]
-                    spec.compute(spec.piece(arguments, at, stop, initial), block)
+                    spec.compute(self.piece(spec, arguments, at, stop, initial), block)
                     found.update((p, block[:, p - at].to(dtype, copy=True)) for p in wanted if at <= p < stop)
                     initial = block[:, -1].clone()
         call.advance(max(chosen, default=0), what)
@@ -317,7 +323,7 @@ class FromArguments(PerToken):
         """The state after token ``hi - 1`` of the run ``[lo, hi)`` from ``initial``, by the spec: for a kernel whose
         return holds no final state (``FINAL_STATE`` is ``None``), or a source with no kernel to run on a part."""
         spec = type(mixer).FAST
-        arguments = spec.piece(call.strategy["named"], lo, hi, initial)
+        arguments = self.piece(spec, call.strategy["named"], lo, hi, initial)
         # The spec's own where it has one (lightning's: as `states` computes it, the others not kept).
         return spec.final_state(arguments) if spec.final_state is not None else spec.compute(arguments, None)[:, -1].clone()
 
