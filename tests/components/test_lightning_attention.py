@@ -4,8 +4,11 @@
 against the model's own ``cache.linear_cache``) plus what the kind adds,
 against oracles that do not use nnterp: a plain forward continued from two
 replaced states, a plain model whose decay buffers are rebuilt from other
-rates, and the recurrence written from the paper (`tests.reference.lightning`).
-A family's test file subclasses it and names ``MODEL_TYPE``.
+rates, the recurrence written from the paper (`tests.reference.lightning`),
+and how many ``torch.matmul`` calls the HF mixer's own forward made (`products`:
+whether its block loop ran). A family's test file subclasses it and names
+``MODEL_TYPE``; the one pass every fast kind shares is in
+tests/recurrent/test_one_pass.py.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ import copy
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
-from nnterp import Unavailable
+from nnterp import StandardizedTransformer, Unavailable
 from nnterp.core.errors import OrderError
+from tests.reference.calls import counting_builtin
 from tests.reference.lightning import lightning_recurrence
 from tests.suites.caches import LinearCache
 from tests.suites.checkpoint import PROMPT
@@ -26,6 +31,17 @@ ATOL = 2e-5
 KW = dict(max_new_tokens=3, min_new_tokens=3, do_sample=False)
 CACHE = LinearCache()
 lightning_layers = recurrent_layers
+
+
+def products(plain):
+    """Counts the ``torch.matmul`` calls made under a frame of the HF lightning mixer's ``forward``: ``len(calls)``."""
+    mixer = type(plain.model.layers[0].self_attn)
+    return counting_builtin(torch.matmul, lambda frame: frame.f_code.co_name == "forward" and isinstance(frame.f_locals.get("self"), mixer))
+
+
+def blocks(model, ids) -> int:
+    """The blocks of the forward's loop over ``ids``; each makes 4 ``products`` per layer."""
+    return -(-ids.shape[1] // model._module.config.block_size)
 
 
 def donor_state(model, layer: int, seed: int = 0) -> torch.Tensor:
@@ -209,3 +225,32 @@ class LightningAttentionSuite(StateContract):
         torch.testing.assert_close(patched, alone, atol=ATOL, rtol=1e-4)
         with torch.no_grad():
             torch.testing.assert_close(untouched, model._module(ids).logits, atol=ATOL, rtol=1e-4)
+
+    # -- the one pass: what lightning adds --------------------------------------------
+
+    def test_the_one_pass_outputs_before_the_norm_are_the_papers(self, model, plain, ids):
+        mix = model.layers[lightning_layers(model)[1]].linear_attn
+        with products(plain) as calls, torch.no_grad(), model.trace(ids):
+            q, k, v, g = (x.save() for x in (mix.attention_queries, mix.attention_keys, mix.attention_values, mix.decays))
+            mix.states.save()
+            output = mix.kernel_output().save()
+        assert len(calls) == 4 * blocks(model, ids) * (len(lightning_layers(model)) - 1), "only this layer's loop is skipped"
+        expected, _ = lightning_recurrence(q, k, v, -g[0, 0])
+        torch.testing.assert_close(output, expected.to(output.dtype), atol=ATOL, rtol=1e-4)
+
+    def test_decay_buffers_a_cast_left_apart_from_slope_rate_keep_the_loop(self, checkpoint, ids):
+        # load(bfloat16).to(float32) rounds the loop's decay buffers apart from what slope_rate gives (about 2e-3):
+        # the one pass would compute the outputs from slope_rate, not from the buffers the forward reads.
+        path = str(checkpoint(self.MODEL_TYPE))
+        model = StandardizedTransformer(path, dispatch=True, device="cpu", dtype=torch.bfloat16)
+        model._module.to(torch.float32)
+        plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval().to(torch.float32)
+        mixer = plain.model.layers[lightning_layers(model)[0]].self_attn
+        assert not torch.allclose(mixer.query_decay, mixer.decay_factors(mixer.slope_rate)[0], rtol=1e-4, atol=0)
+        with products(plain) as calls, torch.no_grad(), model.trace(ids):
+            for i in lightning_layers(model):
+                model.layers[i].linear_attn.states.save()
+            logits = model.logits.save()
+        with torch.no_grad():
+            torch.testing.assert_close(logits, plain(ids).logits, rtol=0, atol=1e-6)
+        assert len(calls) == 4 * blocks(model, ids) * len(lightning_layers(model)), "the block loop ran"

@@ -5,18 +5,24 @@ plain model's ``xLSTMCache``; a donor state comes from another prompt, so a
 write carries its own C, n and m together, the packed state) plus what the
 kind adds: the packed layout, the kernel's arguments through the paper's
 recurrence (`tests.reference.mlstm`), a prompt's entering state against a
-cache holding it, gradients, the order errors. A family's test file subclasses
-it and names ``MODEL_TYPE``.
+cache holding it, gradients, the order errors, and the calls the one pass must
+leave to transformers' backend body (``wrap_chunkwise_arbitrary_sequence_length``,
+its runs counted by a profile hook, `tests.reference.calls`). A family's test
+file subclasses it and names ``MODEL_TYPE``; the one pass every fast kind
+shares is in tests/recurrent/test_one_pass.py.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
+from nnterp import StandardizedTransformer
 from nnterp.components.mlstm import MLSTM
 from tests.reference import hf_oracles as hf
 from tests.reference import mlstm as ref
+from tests.reference.calls import counting
 from tests.suites.caches import XLSTMCache
 from tests.suites.checkpoint import OTHER, PROMPT
 from tests.suites.contract import StateContract
@@ -43,6 +49,11 @@ def unpacked(states: torch.Tensor) -> tuple:
     """``(C, n, m)`` of packed states ``[..., key_dim, value_dim + 2]``, ``m`` without its last axis."""
     c, n, m = MLSTM.unpack(states)
     return c, n, m[..., 0]
+
+
+def backend(model):
+    """transformers' backend body: the chunkwise kernel and the token loop past the last whole chunk."""
+    return counting(model.family.MODELING.wrap_chunkwise_arbitrary_sequence_length)
 
 
 def suppressed(plain) -> tuple:
@@ -87,11 +98,12 @@ class MLSTMSuite(StateContract):
 
     def test_kernel_arguments_reproduce_states_through_the_paper_recurrence(self, model):
         mix = model.layers[1].linear_attn
-        with torch.no_grad(), model.trace(PROMPT):
+        with backend(model) as calls, torch.no_grad(), model.trace(PROMPT):
             q, k, v = mix.attention_queries.save(), mix.attention_keys.save(), mix.attention_values.save()
             i, f, decays = mix.input_gates.save(), mix.forget_gates.save(), mix.decays.save()
             states = mix.states.save()
             h = getattr(mix.source, type(mix).CHUNK_KERNEL).output[0].save()
+        assert len(calls) == len(model.layers) - 1, "only layer 1's backend is skipped: h is the one pass's"
         out, c, n, m = ref.mlstm(q, k, v, i, f)
         for name, got, want in zip("Cnm", unpacked(states), (c, n, m)):
             torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-6, msg=name)
@@ -173,3 +185,43 @@ class MLSTMSuite(StateContract):
         for write in (lambda: mix.state_after(1).save(), lambda: mix.set_state_after(1, states[:, 1])):
             with pytest.raises(Unavailable, match="mode='inference'"), torch.no_grad(), trained.trace(ids, use_cache=False):
                 write()
+
+    # -- the one pass: what the mLSTM adds ------------------------------------------
+
+    def test_a_one_token_call_runs_the_backend(self, model, plain, ids):
+        one = ids[:, :1]
+        with backend(model) as calls, torch.no_grad(), model.trace(one):
+            single = model.layers[0].linear_attn.states.save()
+        assert len(calls) == len(model.layers)
+        torch.testing.assert_close(self.CACHE.served(single), self.CACHE.prefix_states(plain, one, 0), rtol=1e-4, atol=1e-5)
+
+    def test_a_backend_keeping_its_state_in_bfloat16_runs(self, checkpoint, ids):
+        # inference_state_dtype="bfloat16": the arguments stay float32 but the backend's token loop rounds its state.
+        path = str(checkpoint(self.MODEL_TYPE))
+        model = StandardizedTransformer(path, dispatch=True, device="cpu", inference_state_dtype="bfloat16")
+        plain = AutoModelForCausalLM.from_pretrained(path, inference_state_dtype="bfloat16").eval()
+        assert ids.shape[1] % model._module.config.chunk_size, "the prompt ends inside a chunk: the token loop runs"
+        with backend(model) as calls, torch.no_grad(), model.trace(ids):
+            for layer in model.layers:
+                layer.linear_attn.states.save()
+            logits = model.logits.save()
+        with torch.no_grad():
+            torch.testing.assert_close(logits, plain(ids).logits, rtol=0, atol=1e-6)
+        assert len(calls) == len(model.layers), "the backend ran"
+
+    def test_the_one_pass_divides_by_the_backends_own_eps(self, checkpoint, ids):
+        # The backend call does not carry config.eps: the spec reads it off the module (MLSTM.FAST_CONSTANTS). A large
+        # one moves every output, so a pass that used xLSTM's default instead would miss the plain forward.
+        path = str(checkpoint(self.MODEL_TYPE))
+        model = StandardizedTransformer(path, dispatch=True, device="cpu", eps=0.05)
+        plain = AutoModelForCausalLM.from_pretrained(path, eps=0.05).eval()
+        logits = []
+        with backend(model) as calls, torch.no_grad(), model.trace(ids):
+            for layer in model.layers:
+                layer.linear_attn.states.save()
+            logits.append(model.logits.save())
+        assert calls == [], "the backend ran although every call's states were read"
+        with torch.no_grad():
+            expected, default = plain(ids).logits, AutoModelForCausalLM.from_pretrained(path).eval()(ids).logits
+        assert (expected - default).abs().max() > 1e2 * 1e-5, "eps moves the outputs"
+        torch.testing.assert_close(logits[0], expected, rtol=1e-4, atol=1e-5)

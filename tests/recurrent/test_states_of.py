@@ -231,7 +231,7 @@ def test_on_the_fast_path_under_autograd_a_function_of_the_arguments(fast_model,
     model = fast_model
     if issubclass(model.family.MIXER, LightningAttention):
         # Also against the paper's recurrence: states read before the forward's loop are a leaf its outputs read
-        # (states.grad, test_lightning_one_pass.py), not a function of the arguments; states_of still is one.
+        # (states.grad, test_one_pass.py), not a function of the arguments; states_of still is one.
         return check_tapped_states_of(model, monkeypatch)
     monkeypatch.setattr(from_arguments, "SELECTION_BLOCK", 4)
     ids, mix = ids_of(model), first_mixer(model)

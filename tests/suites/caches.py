@@ -15,6 +15,7 @@ way out, which only re-lay the same numbers.
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable
 
 import torch
@@ -133,6 +134,10 @@ class XLSTMCache(Cache):
         kwargs = {"use_cache": True} if cache is None else {"use_cache": True, hf.cache_kwarg(plain): cache}
         return plain(ids, **kwargs)
 
+    def fresh(self, plain, batch: int):
+        """The empty cache a prompt starts from, to write an entering state in."""
+        return sys.modules[type(plain).__module__].xLSTMCache(plain.config, batch, dtype=torch.float32)
+
     def read(self, cache, layer: int):
         c, n, m = (x.clone() for x in cache.rnn_state[layer])
         return c, n, m[..., 0]
@@ -217,6 +222,7 @@ def _stack(states: list):
 
 def of_kind(mixer: type) -> Cache:
     """The adapter of a kind with a fast path, for the tests run over every such kind (its suite's ``CACHE``)."""
+    from nnterp.components.lightning_attention import LightningAttention
     from nnterp.components.mlstm import MLSTM
     from nnterp.components.rg_lru import RGLRU
     from nnterp.components.short_convolution import ShortConvolution
@@ -226,4 +232,6 @@ def of_kind(mixer: type) -> Cache:
         return PackedXLSTMCache(MLSTM.pack, MLSTM.unpack)
     if issubclass(mixer, ShortConvolution):
         return ConvCache()
+    if issubclass(mixer, LightningAttention):
+        return LinearCache()
     return ModuleState() if issubclass(mixer, RGLRU) else WKVState() if issubclass(mixer, WKV) else Cache()
