@@ -53,17 +53,17 @@ WHY = {
         "temporaries and the process's allocator. `states_of(positions)` keeps only the selection."
     ),
     "own_states": (
-        "These kinds have no fast path (`nnterp.fast_states` refuses them; each family's notes quote it): their states "
-        "are what the kind's own strategy costs beyond the forward (each family's notes say which). Lightning attention "
+        "These kinds' own strategy is their fast path (`FromArguments` with no setting: lightning attention, the mLSTM and "
+        "the short convolution), so this row and the fast states row time the same code. Lightning attention "
         "and the mLSTM compute the outputs with the states in one pass and skip the forward's own recurrence (the block "
         "loop's products; the backend call), as RWKV-4 skips its kernel's loop; the row with one_pass off shows the "
         "forward's recurrence followed by a states pass. What remains is writing every state: one multiply and one "
         "rank-one update per token into a buffer reused across reads, each block of states read by its queries while "
         "still in cache. On this CPU a write to the buffer first reads the cache line it replaces, so writing the "
         "states costs about twice merely filling the buffer: for lightning attention's 3 GiB at 2048 tokens (512 KiB "
-        "per token and layer) about 0.07 of this forward by itself. So these kinds sit at the target's edge (the "
-        "mLSTM's and lightning attention's rows have moved between 1.07 and 1.14 from run to run on this machine) and "
-        "a repeat's noise decides the side (the [min, max] shows how far a repeat moves). What would reach it: a fused "
+        "per token and layer) about 0.07 of this forward by itself. The mLSTM's and lightning attention's rows have "
+        "measured 1.35-1.51 from run to run on this machine (the [min, max] shows how far a repeat moves), before and "
+        "after they joined `FromArguments`. What would reach it: a fused "
         "kernel writing each state once with streaming stores (a GPU kernel), bfloat16 states, or reading the layers "
         "and positions needed (`model.states_of(positions, layers)`: cost and memory follow the selection)."
     ),
@@ -104,7 +104,7 @@ def render(results: dict, cell: Callable) -> str:
         "* Models: random weights, float32, batch 1, random token ids; `torch.no_grad()`.",
         "* Routed: the spec's per-token path (`route_kernels(family, 'torch')`; Mamba-2: `chunk_per_token`; Mamba-1's "
         "pure-torch prompt kernel is already the token loop). Fast path: `nnterp.fast_states(model)`, no routing. "
-        "Own strategy: what `linear_attn.states` does with no setting, on the kinds that need none and have no fast path.",
+        "Own strategy: what `linear_attn.states` does with no setting, on the kinds that need none (their fast path).",
         "* A family's tables have the rows that apply to it; its notes say why the others are absent, in nnterp's own words "
         "(a refusal, a value's description). \u2013: not measured at that length.",
         "",

@@ -290,7 +290,8 @@ def targets(results: dict) -> list:
             for suffix, write in _like(rows, FAST_WRITE) if long else ():
                 found.append((f"set_state_after(mid), fast path{suffix} ≤ {TARGETS['write']}×", where, write["ratio"], write["ratio"] <= TARGETS["write"], "write"))
             for suffix, own in _like(rows, OWN_STATES) if long else ():
-                found.append((f"states{suffix} ≤ {bound}× (own strategy: no fast path)", where, own["ratio"], own["ratio"] <= bound, "own_states"))
+                why = "own strategy: the fast path" if family.get("fast") else "own strategy: no fast path"
+                found.append((f"states{suffix} ≤ {bound}× ({why})", where, own["ratio"], own["ratio"] <= bound, "own_states"))
             checks = data.get("checks", {})
             for key, what in (("peak_rss_fast", ""), ("peak_rss_own", " (own strategy)")):
                 if checks.get(key) and checks.get("states_bytes", 0) >= MEMORY_TARGET_MIN_BYTES and long:
