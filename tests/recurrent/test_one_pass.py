@@ -26,6 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from nnterp import OrderError, StandardizedTransformer, fast_states
+from nnterp.components.lightning_attention import LightningAttention
 from nnterp.components.mlstm import MLSTM
 from nnterp.components.selective_scan import SelectiveScan
 from nnterp.components.short_convolution import ShortConvolution
@@ -83,14 +84,19 @@ def fixed(rtol: float, atol: float) -> Callable:
 FAST_PATH = Kernel(lambda model, plain: counting(kernel_body(model)))
 #: The own strategies' (no setting; the installed families): RWKV-4's token loop, whose pass is its own arithmetic (equal
 #: logits and final states; the prefixes round their matmuls apart), lightning attention's block loop, the mLSTM's backend.
-OWN = {t: kernel for t, kernel in {
-    "rwkv": Kernel(lambda model, plain: counting(model.family.MODELING.rwkv_linear_attention_cpu), per_step=lambda model: len(mixers(model)),
+OWN_KERNELS = {
+    WKV: Kernel(lambda model, plain: counting(model.family.MODELING.rwkv_linear_attention_cpu), per_step=lambda model: len(mixers(model)),
                    tol=fixed(1e-4, 1e-5), exact=fixed(0, 0)),
     # A prompt call's block loop makes 4 products a block; a one-token call takes the forward's token loop: 2.
-    "minimax": Kernel(lambda model, plain: products(plain), per_layer=lambda model, ids: 4 * blocks(model, ids),
+    LightningAttention: Kernel(lambda model, plain: products(plain), per_layer=lambda model, ids: 4 * blocks(model, ids),
                       per_step=lambda model: 2 * len(mixers(model)), tol=fixed(1e-4, 2e-5), exact=fixed(1e-4, 2e-5)),
-    "xlstm": Kernel(lambda model, plain: counting(kernel_body(model)), tol=fixed(1e-4, 1e-5), exact=fixed(1e-4, 1e-5), split_reruns=True),
-}.items() if t in present()}
+    MLSTM: Kernel(lambda model, plain: counting(kernel_body(model)), tol=fixed(1e-4, 1e-5), exact=fixed(1e-4, 1e-5), split_reruns=True),
+}
+#: One installed family per kind of `OWN_KERNELS`, from the registry (rwkv, minimax, xlstm today).
+OWN = {
+    t: kernel for kind, kernel in OWN_KERNELS.items()
+    for t in [next((t for t in sorted(present()) if REGISTRY[t].MIXER is kind), None)] if t is not None
+}
 CASES = [pytest.param(t, "fast", id=f"{t}-fast") for t in COUNTED] + [pytest.param(t, "own", id=f"{t}-own") for t in OWN]
 
 
