@@ -10,6 +10,9 @@ too; here, the fast path against the spec's own path, and in bfloat16.
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -20,6 +23,7 @@ from nnterp.components.mlstm import MLSTM
 from nnterp.components.state_space import StateSpace
 from nnterp.families import REGISTRY, present
 from tests.reference import hf_oracles as hf
+from tests.suites.caches import of_kind
 
 PROMPT = "The Eiffel Tower is in the city of"
 OTHER = "My favourite food is pizza with"
@@ -349,3 +353,23 @@ def test_every_family_in_bfloat16_states_equal_the_spec_path_and_the_cache(check
         torch.testing.assert_close(ours, its, rtol=0, atol=2**-5 * its.abs().max().item())
     else:
         torch.testing.assert_close(states[:, -1], final.float(), rtol=0, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("model_type", FAST)
+def test_states_a_reader_drops_are_freed_in_the_trace_and_state_after_recomputes(loaded, model_type):
+    """The call's record holds no states of its own: states read and not kept are freed before the next block runs
+    (every layer's states read in one trace, unsaved, cost one layer's at a time), and a later `state_after` of that
+    call, whose kernel the one pass skipped, is computed again: the cache after that prefix."""
+    model, plain = loaded(model_type)
+    ids = model.tokenizer(LONG, return_tensors="pt").input_ids
+    first, second = (model.layers[layer].linear_attn for layer in mixers(model)[:2])
+    freed = []
+    with torch.no_grad(), model.trace(ids):
+        dropped = weakref.ref(first.states)
+        gc.collect()
+        freed.append(dropped() is None)
+        middle = first.state_after(2).save()
+        second.states.save()
+    assert freed == [True], "the record kept the states the reader dropped"
+    prefixes = of_kind(model.family.MIXER).prefix_states(plain, ids, mixers(model)[0])
+    torch.testing.assert_close(middle, prefixes[:, 2], **tolerance(prefixes))

@@ -17,7 +17,8 @@ and:
   bound, Mamba in another dtype, autograd, another invoke sharing the call) the kernel
   runs as it would and the states are a second pass;
 * ``state_after(t)`` runs the bound kernel on the tokens up to ``t`` (from the
-  call's own entering state) and returns its final state;
+  call's own entering state) and returns its final state (after a one pass, while
+  the reader still holds its states, their entry);
 * ``states_of(positions)`` computes the states with the same spec, a block of
   `SELECTION_BLOCK` tokens at a time, up to the last selected position only,
   keeping the selected ones: memory is the selection plus one block;
@@ -62,6 +63,7 @@ is no per-token location): it stays the component's own strategy.
 
 from __future__ import annotations
 
+import weakref
 from operator import attrgetter
 from typing import Any
 
@@ -80,7 +82,8 @@ from .protocol import Mixer, PerToken
 
 #: Tokens whose states `FromArguments.states_of` computes at once (its memory beyond the selection).
 SELECTION_BLOCK = 64
-#: Where `FromArguments.states` keeps the states a one pass filled, in the call's per-strategy data.
+#: Where `FromArguments.states` keeps a weak reference to the states a one pass filled, for `state_after`: the reader's
+#: hold keeps them, never the record's (which lives to the run's end: every layer's states at once, unsaved ones too).
 ONE_PASS_STATES = "one_pass"
 #: Whether ``states`` computes a pure-torch kernel's output with the states and skips the call (measured faster
 #: on every kind that has a one pass: docs/performance.md times both), on every kind (`one_pass`: the fast path's,
@@ -94,9 +97,7 @@ class FromArguments(PerToken):
     name = "from the kernel call's arguments"
 
     def unavailable(self, mixer: Mixer) -> str | None:
-        if type(mixer).FAST is None:
-            return f"{type(mixer).__name__} has no fast path"
-        return None
+        return f"{type(mixer).__name__} has no fast path" if type(mixer).FAST is None else None
 
     def record(self, mixer: Mixer, what: str) -> Call:
         """This call's record, with its prompt kernel's arguments by name (once per call)."""
@@ -177,7 +178,7 @@ class FromArguments(PerToken):
         out = self._buffer((shape[0], call.seq, *shape[1:]), call.expected[2], differentiable, states_dtype(mixer))
         done = one_pass(mixer, call, spec.one_pass, arguments, out) if not differentiable else None
         if done is not None and out.dtype == torch.float32:
-            call.strategy[ONE_PASS_STATES] = out  # the call was skipped: `state_after` reads these, not the kernel again
+            call.strategy[ONE_PASS_STATES] = weakref.ref(out)  # the call was skipped: `state_after` reads these if kept
         with torch.enable_grad() if differentiable else torch.no_grad():
             for lo, hi, initial in self.segments(call) if done is None else ():
                 spec.compute(self.piece(spec, arguments, lo, hi, initial), out[:, lo:hi])
@@ -209,8 +210,7 @@ class FromArguments(PerToken):
             return mixer.read_state_output()
         if position in call.writes:
             return call.writes[position]
-        kept = call.strategy.get(ONE_PASS_STATES)
-        spec = type(mixer).FAST
+        kept, spec = call.strategy.get(ONE_PASS_STATES, lambda: None)(), type(mixer).FAST
         if kept is not None:
             final = kept[:, position].clone()  # a copy: the buffer is the reused pool's
         else:
