@@ -35,9 +35,9 @@ import torch
 from ..core.errors import InvalidArgument, Unavailable, WrongType
 from ..recurrent.no_cache import run_kwargs
 from .graph import EdgeGraph
-from .nodes import node_map
+from .nodes import embedding_output, node_map
 from .pairs import group_pairs, one_length
-from .patching import embedding_output, trace_nodes
+from .patching import trace_nodes
 from .positional import check_positional
 
 __all__ = ["edge_attribution", "logit_difference"]

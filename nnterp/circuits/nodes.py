@@ -46,7 +46,7 @@ import torch
 from ..core.errors import InvalidArgument, Unavailable
 from .positional import positional_reason
 
-__all__ = ["Part", "NodeMap", "node_map", "support", "NODE_KINDS"]
+__all__ = ["Part", "NodeMap", "node_map", "embedding_output", "support", "NODE_KINDS"]
 
 #: The node kinds ``nodes=`` takes: a part split into heads, or one node per part.
 NODE_KINDS = ("attention_heads", "attention", "mixer_heads", "mixers", "mlp")
@@ -65,6 +65,8 @@ POST_NORMS = ("post_attention_layernorm", "post_feedforward_layernorm")
 SHARED_BLOCK = "shared_transformer"
 SHARED_NORMS = {"attention": "shared_transformer.input_layernorm", "mlp": "shared_transformer.pre_ff_layernorm", "mixer": "mamba_decoder.input_layernorm"}
 SHARED_WRITER = "linear"
+#: A norm the first block applies to the embeddings before its parts read them (RWKV-4's ``pre_ln``).
+EMBEDDING_NORMS = ("pre_ln",)
 
 
 @dataclass(frozen=True)
@@ -250,6 +252,13 @@ def child_at(envoy: Any, path: str) -> Any:
 def _child(envoy: Any, names: tuple) -> str | None:
     children = dict(envoy._module.named_children())
     return next((name for name in names if name in children), None)
+
+
+def embedding_output(model: Any) -> Any:
+    """The envoy whose output is the ``"embed"`` source, the residual stream as it starts: layer 0's embedding
+    norm where the family has one (`EMBEDDING_NORMS`), else the embeddings."""
+    norm = _child(model.layers[0], EMBEDDING_NORMS)
+    return child_at(model.layers[0], norm) if norm is not None else model.embed_tokens
 
 
 def _heads(kind: str, envoy: Any, split: bool) -> int:

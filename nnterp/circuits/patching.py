@@ -28,11 +28,11 @@ import torch
 
 from ..core.errors import InvalidArgument, ShapeError
 from ..recurrent.no_cache import run_kwargs
-from .nodes import NodeMap, child_at, node_map
+from .nodes import NodeMap, child_at, embedding_output, node_map
 from .pairs import group_pairs, one_length
 from .positional import check_positional, head_terms, read_core
 
-__all__ = ["patch_edges", "trace_nodes", "embedding_output", "NodeRun"]
+__all__ = ["patch_edges", "trace_nodes", "NodeRun"]
 
 
 class NodeRun:
@@ -84,19 +84,6 @@ def _head_shares(projection: Any, value: torch.Tensor, heads: int) -> torch.Tens
 
 
 _PARTS = {"attention": lambda block: block.self_attn, "mixer": lambda block: block.linear_attn, "mlp": lambda block: block.mlp}
-
-
-#: A norm the first block applies to the embeddings before its parts read them (RWKV-4's ``pre_ln``).
-EMBEDDING_NORMS = ("pre_ln",)
-
-
-def embedding_output(model: Any) -> Any:
-    """The envoy whose output is the ``"embed"`` source, the residual stream as it starts: layer 0's embedding
-    norm where the family has one (`EMBEDDING_NORMS`), else the embeddings."""
-    block = model.layers[0]
-    children = dict(block._module.named_children())
-    name = next((name for name in EMBEDDING_NORMS if name in children), None)
-    return block._child_map[name] if name is not None else model.embed_tokens
 
 
 def _reader(block: Any, kind: str, norm: str | None) -> Any:
